@@ -1,0 +1,21 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/models/classifier.h"
+
+namespace lockstep::models {
+
+// The reference models by name: "convnet", "mlp", "resnet18".
+const std::vector<std::string>& model_names();
+
+// The (C, H, W) input shape a reference model expects.
+std::vector<int64_t> input_shape(const std::string& name);
+
+// A freshly initialised reference model (initialisation follows torch.manual_seed).
+// Throws c10::ValueError naming the model and the known names for an unknown name.
+std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_classes = 10);
+
+}  // namespace lockstep::models

@@ -1,0 +1,47 @@
+#include "lockstep/core/process.h"
+
+#include <c10/util/Exception.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <thread>
+
+namespace lockstep {
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+std::optional<int64_t> env_int(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  long long value = std::strtoll(text, &end, 10);
+  TORCH_CHECK(errno == 0 && *end == '\0', "environment variable ", name, "='", text,
+              "' is not an integer; unset it or give a whole number");
+  return value;
+}
+
+int default_intra_op_threads() {
+  int64_t local = env_int("LOCAL_WORLD_SIZE").value_or(1);
+  TORCH_CHECK(local >= 1, "LOCAL_WORLD_SIZE=", local, " must be at least 1");
+  return std::max<int>(1, available_cores() / static_cast<int>(local));
+}
+
+bool stdout_is_terminal() { return ::isatty(STDOUT_FILENO) == 1; }
+
+}  // namespace lockstep

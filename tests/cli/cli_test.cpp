@@ -1,0 +1,89 @@
+// The command line as a user meets it: help text, exit codes and messages, the summary line.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "../test_util.h"
+
+namespace lockstep {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::run_command;
+
+const std::string kCli = LOCKSTEP_CLI;
+
+TEST(Cli, TopLevelHelpListsSubcommands) {
+  auto r = run_command(kCli + " --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("train"));
+  EXPECT_THAT(r.output, HasSubstr("--version"));
+}
+
+TEST(Cli, TrainHelpListsEveryOptionWithItsDefault) {
+  auto r = run_command(kCli + " train --help");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* expected :
+       {"--model TEXT:{convnet,mlp,resnet18}=convnet", "--data TEXT:{fashion-mnist,synthetic}=fashion-mnist",
+        "--data-dir TEXT=/usr/share/datasets/fashion-mnist", "--limit INT:NONNEGATIVE=0",
+        "--epochs INT:POSITIVE=1", "--batch-size INT:POSITIVE=100", "--lr FLOAT:NONNEGATIVE=0.02",
+        "--momentum FLOAT:NONNEGATIVE=0.9", "--weight-decay FLOAT:NONNEGATIVE=0", "--seed UINT=0",
+        "--threads INT:NONNEGATIVE=0", "--save-model TEXT", "--quiet"}) {
+    EXPECT_THAT(r.output, HasSubstr(expected));
+  }
+}
+
+struct BadInput {
+  std::string args;
+  std::string message;  // must appear in the output
+};
+
+void PrintTo(const BadInput& b, std::ostream* os) { *os << "'" << b.args << "'"; }
+
+class CliRejects : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(CliRejects, WithExitCodeTwoNamingTheValue) {
+  auto r = run_command(kCli + " " + GetParam().args);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(GetParam().message));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BadInputs, CliRejects,
+    ::testing::Values(BadInput{"train --batch-size 0", "--batch-size: Value 0"},
+                      BadInput{"train --lr -0.5", "--lr: Value -0.5"},
+                      BadInput{"train --model lenet", "lenet"},
+                      BadInput{"train --data cifar", "cifar"},
+                      BadInput{"train --bogus-option", "--bogus-option"},
+                      BadInput{"train --epochs three", "three"},
+                      BadInput{"frobnicate", "frobnicate"},
+                      BadInput{"", "subcommand"}));
+
+TEST(Cli, MissingDataDirectoryExitsOneNamingPathAndPackage) {
+  auto r = run_command(kCli + " train --quiet --data-dir /nonexistent/fmnist");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("/nonexistent/fmnist"));
+  EXPECT_THAT(r.output, HasSubstr("apt-get install dataset-fashion-mnist"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("Exception raised from")));  // no C++ backtrace
+}
+
+TEST(Cli, TrainPrintsProgressThenTheJsonSummaryLast) {
+  testing::TempDir dir;
+  auto r = run_command(kCli + " train --model mlp --data synthetic --limit 600 --batch-size 50 --epochs 2"
+                              " --save-model " + (dir / "mlp.pt") + " | cat");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("epoch 1/2  16% 100/600"));  // plain lines: stdout is a pipe
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("\r")));
+  const std::string last = r.output.substr(r.output.rfind('\n', r.output.size() - 2) + 1);
+  auto j = nlohmann::json::parse(last);
+  for (const char* key : {"world_size", "samples_per_s", "train_s", "test_acc", "final_loss", "peak_rss_mib"})
+    EXPECT_TRUE(j.contains(key)) << key << " missing from " << last;
+  EXPECT_EQ(j["world_size"], 1);
+  EXPECT_GT(j["samples_per_s"].get<double>(), 0);
+  EXPECT_TRUE(std::ifstream(dir / "mlp.pt").good());
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,105 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "../test_util.h"
+#include "lockstep/models/convnet.h"
+#include "lockstep/models/state_dict.h"
+#include "lockstep/models/zoo.h"
+
+namespace lockstep::models {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<std::string> keys(const torch::nn::Module& m) {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : state_dict(m)) out.push_back(k);
+  return out;
+}
+
+int64_t parameter_count(const torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+// Keys and counts printed by Python for the modules in tests/python/reference_models.py.
+TEST(Models, ConvNetHasPythonStateDictKeysInOrder) {
+  ConvNet net;
+  EXPECT_EQ(keys(*net), (std::vector<std::string>{
+                            "layer1.0.weight", "layer1.0.bias", "layer1.1.weight", "layer1.1.bias",
+                            "layer1.1.running_mean", "layer1.1.running_var",
+                            "layer1.1.num_batches_tracked", "layer2.0.weight", "layer2.0.bias",
+                            "layer2.1.weight", "layer2.1.bias", "layer2.1.running_mean",
+                            "layer2.1.running_var", "layer2.1.num_batches_tracked", "fc.weight",
+                            "fc.bias"}));
+  EXPECT_EQ(parameter_count(*net), 29034);
+}
+
+TEST(Models, ZooBuildsEachModelWithPythonSizes) {
+  struct Expect {
+    std::string name;
+    size_t keys;
+    int64_t params;
+  };
+  for (const Expect& e : {Expect{"convnet", 16, 29034}, Expect{"mlp", 4, 203530},
+                          Expect{"resnet18", 122, 11173962}}) {
+    auto model = make_model(e.name);
+    EXPECT_EQ(state_dict(*model).size(), e.keys) << e.name;
+    EXPECT_EQ(parameter_count(*model), e.params) << e.name;
+    std::vector<int64_t> shape{2};
+    for (int64_t d : input_shape(e.name)) shape.push_back(d);
+    model->eval();
+    EXPECT_EQ(model->forward(torch::zeros(shape)).sizes(), torch::IntArrayRef({2, 10})) << e.name;
+  }
+}
+
+TEST(Models, UnknownModelNamesTheValueAndTheChoices) {
+  std::string msg = testing::error_message([] { make_model("vgg"); });
+  EXPECT_THAT(msg, HasSubstr("'vgg'"));
+  EXPECT_THAT(msg, HasSubstr("convnet, mlp, resnet18"));
+}
+
+// Python reads what --save-model writes, loads it strictly into the equivalent module, and its
+// eval-mode logits for a fixed input equal ours.
+class PythonReadsStateDict : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PythonReadsStateDict, TorchLoadAndStrictLoadStateDictGiveOurLogits) {
+  const std::string python = testing::python_with_torch();
+  if (python.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  const std::string name = GetParam();
+  torch::manual_seed(3);
+  auto model = make_model(name);
+  {  // Non-trivial running statistics, so buffers are checked too.
+    torch::NoGradGuard no_grad;
+    std::vector<int64_t> shape{8};
+    for (int64_t d : input_shape(name)) shape.push_back(d);
+    model->forward(torch::randn(shape) * 2 + 0.5);
+  }
+  model->eval();
+  testing::TempDir dir;
+  save_state_dict(*model, dir / "model.pt");
+
+  auto r = testing::run_command(python + " " LOCKSTEP_SOURCE_DIR "/tests/python/reference_models.py " +
+                                name + " " + (dir / "model.pt"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(testing::last_json_line(r.output));
+  EXPECT_EQ(j["keys"].get<std::vector<std::string>>(), keys(*model));
+  EXPECT_EQ(j["loaded_keys"].get<std::vector<std::string>>(), keys(*model));
+
+  const auto shape = input_shape(name);
+  const int64_t numel = 2 * shape[0] * shape[1] * shape[2];
+  torch::Tensor x = torch::linspace(-1, 1, numel).reshape({2, shape[0], shape[1], shape[2]});
+  torch::Tensor ours = model->forward(x).flatten();
+  torch::Tensor theirs = torch::tensor(j["logits"].get<std::vector<float>>());
+  ASSERT_EQ(theirs.numel(), ours.numel());
+  EXPECT_LE((ours - theirs).abs().max().item<double>(), 1e-4) << "ours " << ours << " theirs " << theirs;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModels, PythonReadsStateDict,
+                         ::testing::Values("convnet", "mlp", "resnet18"));
+
+}  // namespace
+}  // namespace lockstep::models
