@@ -1,0 +1,28 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace lockstep {
+
+// Who this process is in a job, as its launcher described it in the environment.
+struct WorldInfo {
+  int64_t rank = 0;              // global rank, in [0, world_size)
+  int64_t world_size = 1;
+  int64_t local_rank = 0;        // rank among the processes on this node
+  int64_t local_world_size = 1;  // processes on this node
+  int64_t group_rank = 0;        // node rank
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;       // PyTorch's default
+  int64_t restart_count = 0;     // LOCKSTEP_RESTART_COUNT: how often `lockstep run` restarted the group
+  std::string source = "default";  // which launcher's variables were read: torchrun, mpirun, srun, default
+};
+
+// Reads the launcher's variables: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+// MASTER_ADDR, MASTER_PORT (lockstep run, torchrun); when RANK is absent, OMPI_COMM_WORLD_RANK /
+// _SIZE / _LOCAL_RANK / _LOCAL_SIZE (mpirun), then SLURM_PROCID / NTASKS / LOCALID / NODEID (srun);
+// otherwise a single process. Throws c10::Error naming the variable when a value is malformed or
+// inconsistent (rank >= world size).
+WorldInfo world_from_env();
+
+}  // namespace lockstep
