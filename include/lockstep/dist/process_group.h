@@ -1,0 +1,76 @@
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class ProcessGroup;
+class Store;
+class Work;
+}  // namespace c10d
+
+namespace lockstep::dist {
+
+enum class ReduceOp { kSum, kMean, kMax, kMin };
+
+struct InitOptions {
+  // env:// (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, or mpirun/srun variables; see core/world.h),
+  // tcp://HOST:PORT, or file://PATH (a file on a filesystem every rank sees).
+  TORCH_ARG(std::string, init_method) = "env://";
+  TORCH_ARG(int64_t, rank) = -1;        // -1: from the environment
+  TORCH_ARG(int64_t, world_size) = -1;  // -1: from the environment
+  TORCH_ARG(std::string, backend) = "auto";  // auto (nccl for CUDA LibTorch with NCCL, else gloo) | gloo | nccl
+  // Applies to the rendezvous and to every collective; nothing waits longer.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
+};
+
+// One process's membership in a group of ranks: the store, the c10d backend, and the collectives
+// users need. Owned (RAII): destroying it tears the group down. No globals.
+class ProcessGroup {
+ public:
+  ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> backend,
+               std::chrono::milliseconds timeout);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int64_t rank() const { return rank_; }
+  int64_t size() const { return size_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // In place, on every rank. kMean divides the sum by size().
+  void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // Starts a sum all-reduce and returns at once; wait() on the result. For overlap (DDP).
+  c10::intrusive_ptr<c10d::Work> all_reduce_async(torch::Tensor& tensor);
+  void broadcast(torch::Tensor& tensor, int64_t root = 0);
+  // size() tensors, entry r holding rank r's `tensor` (same shape and dtype on every rank).
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor);
+  // Returns when every rank has arrived; on timeout the error names the ranks that did not.
+  void barrier();
+  // The mean of a scalar over all ranks (the reduce_tensor helper of PyTorch DDP scripts).
+  double average(double value);
+
+  // Waits for `work` within the group's timeout; failures name this rank and `what`.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what);
+
+  c10d::ProcessGroup& backend() { return *backend_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> backend_;
+  std::chrono::milliseconds timeout_;
+  int64_t rank_;
+  int64_t size_;
+};
+
+// Joins (or, on rank 0 with tcp:// and env://, hosts) the rendezvous and builds the backend.
+// Errors name this rank and say what to fix: rank >= world size, a port in use, a master that
+// never answered (its address and port), and how many ranks had arrived when the timeout hit.
+std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
+
+}  // namespace lockstep::dist

@@ -1,0 +1,214 @@
+// Note [Backend seam]: this is the only translation unit that names a c10d backend. Gloo serves
+// CPU tensors; NCCL would be chosen here for CUDA tensors when LibTorch was built with it, and
+// nowhere else, so the rest of lockstep stays device-generic.
+#define USE_C10D_GLOO 1
+#include "lockstep/dist/process_group.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <thread>
+
+#include "lockstep/core/world.h"
+
+namespace lockstep::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kArrivedKey = "lockstep/arrived";
+
+double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+    default: return c10d::ReduceOp::SUM;
+  }
+}
+
+struct Endpoint {
+  std::string host;
+  int port = 0;
+};
+
+Endpoint parse_tcp(const std::string& url) {
+  const std::string rest = url.substr(6);  // after "tcp://"
+  const auto colon = rest.rfind(':');
+  TORCH_CHECK_VALUE(colon != std::string::npos && colon > 0, "init_method '", url,
+                    "' must be tcp://HOST:PORT");
+  Endpoint e{rest.substr(0, colon), 0};
+  try {
+    e.port = std::stoi(rest.substr(colon + 1));
+  } catch (const std::exception&) {
+    TORCH_CHECK_VALUE(false, "init_method '", url, "' has no numeric port");
+  }
+  TORCH_CHECK_VALUE(e.port > 0 && e.port < 65536, "init_method '", url, "': port ", e.port,
+                    " is not in 1-65535");
+  return e;
+}
+
+c10::intrusive_ptr<c10d::Store> tcp_store(const Endpoint& at, int64_t rank, int64_t world,
+                                          std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(at.port);
+  o.isServer = rank == 0;
+  o.numWorkers = static_cast<std::size_t>(world);
+  o.waitWorkers = false;  // we count arrivals ourselves, to say how many came (see rendezvous)
+  o.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(at.host, o);
+  } catch (const std::exception& e) {
+    const std::string why = e.what();
+    if (rank == 0) {
+      TORCH_CHECK(false, "rank 0 of ", world, ": cannot host the rendezvous on ", at.host, ":",
+                  at.port, " (", why.substr(0, why.find('\n')),
+                  "); the port may be in use: choose another MASTER_PORT or tcp:// port");
+    }
+    TORCH_CHECK(false, "rank ", rank, " of ", world, ": the master at ", at.host, ":", at.port,
+                " never answered within ", seconds(timeout),
+                " s; check that rank 0 is running and that MASTER_ADDR/MASTER_PORT point at it (",
+                why.substr(0, why.find('\n')), ")");
+  }
+}
+
+// Every rank adds itself to a counter and waits for all; on timeout the error says how many came.
+void rendezvous(c10d::Store& store, int64_t rank, int64_t world, std::chrono::milliseconds timeout,
+                const std::string& where) {
+  store.add(kArrivedKey, 1);
+  const auto deadline = Clock::now() + timeout;
+  auto poll = std::chrono::milliseconds(1);
+  for (;;) {
+    const int64_t arrived = store.add(kArrivedKey, 0);
+    if (arrived >= world) return;
+    TORCH_CHECK(Clock::now() < deadline, "rank ", rank, ": rendezvous at ", where, " timed out after ",
+                seconds(timeout), " s: ", arrived, " of ", world,
+                " ranks arrived; start the missing ranks or check WORLD_SIZE");
+    std::this_thread::sleep_for(poll);  // a poll interval, not synchronisation
+    poll = std::min(poll * 2, std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
+                           c10::intrusive_ptr<c10d::ProcessGroup> backend,
+                           std::chrono::milliseconds timeout)
+    : store_(std::move(store)),
+      backend_(std::move(backend)),
+      timeout_(timeout),
+      rank_(backend_->getRank()),
+      size_(backend_->getSize()) {}
+
+ProcessGroup::~ProcessGroup() = default;  // backend before store: members die in reverse order
+
+void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  try {
+    work->wait(timeout_);
+  } catch (const std::exception& e) {
+    const std::string why = e.what();
+    TORCH_CHECK(false, what, " failed on rank ", rank_, " of ", size_, " (timeout ", seconds(timeout_),
+                " s): ", why.substr(0, why.find('\n')),
+                "; a peer crashed, stalled or called a different collective");
+  }
+}
+
+void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  std::vector<torch::Tensor> ts{tensor};
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  wait(backend_->allreduce(ts, o), "all_reduce");
+  if (op == ReduceOp::kMean) tensor.div_(size_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(torch::Tensor& tensor) {
+  std::vector<torch::Tensor> ts{tensor};
+  return backend_->allreduce(ts);
+}
+
+void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
+  TORCH_CHECK_VALUE(root >= 0 && root < size_, "broadcast root ", root, " is not a rank of a group of ", size_);
+  std::vector<torch::Tensor> ts{tensor};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  wait(backend_->broadcast(ts, o), "broadcast");
+}
+
+std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& tensor) {
+  std::vector<torch::Tensor> in{tensor.contiguous()};
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (int64_t r = 0; r < size_; ++r) out[0].push_back(torch::empty_like(in[0]));
+  wait(backend_->allgather(out, in), "all_gather");
+  return out[0];
+}
+
+void ProcessGroup::barrier() {
+  c10d::BarrierOptions o;
+  o.timeout = timeout_;
+  try {
+    // Gloo's monitored barrier makes rank 0 name every rank that did not arrive.
+    backend_->monitoredBarrier(o, /*waitAllRanks=*/true);
+  } catch (const std::exception& e) {
+    const std::string why = e.what();
+    TORCH_CHECK(false, "barrier failed on rank ", rank_, " of ", size_, " after ", seconds(timeout_),
+                " s: ", why.substr(0, why.find("Exception raised from")));
+  }
+}
+
+double ProcessGroup::average(double value) {
+  torch::Tensor t = torch::tensor({value}, torch::kFloat64);
+  all_reduce(t, ReduceOp::kMean);
+  return t.item<double>();
+}
+
+std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
+  const std::string& method = options.init_method();
+  TORCH_CHECK_VALUE(options.timeout().count() > 0, "timeout must be positive, got ",
+                    options.timeout().count(), " ms");
+  TORCH_CHECK_VALUE(options.backend() == "auto" || options.backend() == "gloo" ||
+                        options.backend() == "nccl",
+                    "unknown backend '", options.backend(), "'; choose auto, gloo or nccl");
+  // See Note [Backend seam].
+  TORCH_CHECK_VALUE(options.backend() != "nccl", "backend 'nccl' is not available: this LibTorch ",
+                    "was built without CUDA/NCCL; use backend 'gloo' (or 'auto')");
+
+  WorldInfo env = world_from_env();
+  const int64_t rank = options.rank() >= 0 ? options.rank() : env.rank;
+  const int64_t world = options.world_size() >= 0 ? options.world_size() : env.world_size;
+  TORCH_CHECK_VALUE(world >= 1, "world size ", world, " must be at least 1");
+  TORCH_CHECK_VALUE(rank >= 0 && rank < world, "rank ", rank, " is not smaller than world size ",
+                    world, "; ranks run from 0 to ", world - 1);
+
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string where;
+  if (method.rfind("env://", 0) == 0 || method.rfind("tcp://", 0) == 0) {
+    Endpoint at = method.rfind("env://", 0) == 0 ? Endpoint{env.master_addr, env.master_port}
+                                                 : parse_tcp(method);
+    where = at.host + ":" + std::to_string(at.port);
+    store = tcp_store(at, rank, world, options.timeout());
+  } else if (method.rfind("file://", 0) == 0) {
+    where = method;
+    try {
+      store = c10::make_intrusive<c10d::FileStore>(method.substr(7), static_cast<int>(world));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "rank ", rank, ": cannot open the rendezvous file '", method.substr(7),
+                  "': ", e.what(), "; it must be on a filesystem every rank can write");
+    }
+  } else {
+    TORCH_CHECK_VALUE(false, "init_method '", method, "' is not env://, tcp://HOST:PORT or file://PATH");
+  }
+  store->setTimeout(options.timeout());
+  rendezvous(*store, rank, world, options.timeout(), where);
+
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
+  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      c10::make_intrusive<c10d::PrefixStore>("gloo", store), static_cast<int>(rank),
+      static_cast<int>(world), gloo_options);
+  return std::make_unique<ProcessGroup>(store, backend, options.timeout());
+}
+
+}  // namespace lockstep::dist

@@ -1,0 +1,58 @@
+#pragma once
+// Runs a test body on several real ranks: one thread per rank, each with its own Gloo process group
+// over a TCP rendezvous on loopback, with a short timeout so a broken test fails instead of hanging.
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <exception>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "lockstep/dist/process_group.h"
+
+namespace lockstep::testing {
+
+// A TCP port that was free a moment ago (the kernel's choice for port 0).
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+inline dist::InitOptions loopback(int64_t rank, int64_t world, int port,
+                                  std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  return dist::InitOptions().init_method("tcp://127.0.0.1:" + std::to_string(port)).rank(rank)
+      .world_size(world).timeout(timeout);
+}
+
+// Calls body(rank, group) on `world` threads and rethrows the first failure.
+inline void run_ranks(int64_t world, const std::function<void(int64_t, dist::ProcessGroup&)>& body) {
+  const int port = free_port();
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto group = dist::init_process_group(loopback(r, world, port));
+        body(r, *group);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace lockstep::testing
