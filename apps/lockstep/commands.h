@@ -15,6 +15,7 @@ struct Command {
   std::function<int()> run;  // returns the process exit code
 };
 
+Command add_run_command(CLI::App& app);
 Command add_train_command(CLI::App& app);
 
 }  // namespace lockstep::cli

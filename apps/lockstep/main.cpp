@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
   CLI::App app{"lockstep: distributed and mixed-precision training for LibTorch"};
   app.set_version_flag("--version", "lockstep 0.1.0");
   app.require_subcommand(0, 1);
-  const std::vector<Command> commands{add_train_command(app)};
+  const std::vector<Command> commands{add_run_command(app), add_train_command(app)};
 
   try {
     app.parse(argc, argv);

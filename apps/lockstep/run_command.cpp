@@ -1,0 +1,35 @@
+// `lockstep run`: the launcher. Starts PROGRAM once per rank and supervises the group.
+#include <memory>
+
+#include "commands.h"
+#include "lockstep/launch/launcher.h"
+
+namespace lockstep::cli {
+
+Command add_run_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand(
+      "run", "Start PROGRAM once per rank (torchrun for C++): lockstep run [OPTIONS] -- PROGRAM [ARGS...]");
+  cmd->option_defaults()->always_capture_default();
+  auto o = std::make_shared<launch::LaunchOptions>();
+
+  cmd->add_option("--nproc-per-node", o->nproc_per_node(), "Workers to start on this node");
+  cmd->add_option("--nnodes", o->nnodes(), "Nodes in the job; run this command on each");
+  cmd->add_option("--node-rank", o->node_rank(), "This node's rank, in [0, nnodes)");
+  cmd->add_option("--master-addr", o->master_addr(), "Address of node 0, reachable from every node");
+  cmd->add_option("--master-port", o->master_port(),
+                  "Workers' MASTER_PORT; the launchers meet on the next port (0: a free port on one "
+                  "node, 29500 on several)");
+  cmd->add_flag("--standalone", o->standalone(),
+                "One node on this host with a free port (the default when --nnodes is 1)");
+  cmd->add_option("--rdzv-timeout", o->rdzv_timeout(), "Seconds to wait for every node to join");
+  cmd->add_option("--max-restarts", o->max_restarts(), "Restarts of the whole group after a failure");
+  cmd->add_option("--log-dir", o->log_dir(),
+                  "Also write each rank's output to DIR/attempt_K/rank_N.stdout and .stderr");
+  cmd->add_option("--grace-period", o->grace_period(),
+                  "Seconds between SIGTERM and SIGKILL when stopping workers");
+  cmd->add_option("program", o->program(), "PROGRAM [ARGS...], after --");
+
+  return {cmd, [o] { return launch::Launcher(*o).run(); }};
+}
+
+}  // namespace lockstep::cli

@@ -1,0 +1,66 @@
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lockstep::launch {
+
+// Everything `lockstep run` can be told; the CLI options carry the same names.
+struct LaunchOptions {
+  LaunchOptions() = default;
+  explicit LaunchOptions(std::vector<std::string> program) : program_(std::move(program)) {}
+
+  TORCH_ARG(std::vector<std::string>, program);  // PROGRAM [ARGS...]
+  TORCH_ARG(int64_t, nproc_per_node) = 1;
+  TORCH_ARG(int64_t, nnodes) = 1;
+  TORCH_ARG(int64_t, node_rank) = 0;
+  TORCH_ARG(std::string, master_addr) = "127.0.0.1";
+  // 0: a free port with one node, 29500 (PyTorch's default) with several.
+  // See Note [Launcher rendezvous port]: the launchers also use master_port + 1.
+  TORCH_ARG(int, master_port) = 0;
+  // One node on this host with a free port; the default when nnodes is 1 and no port is given.
+  TORCH_ARG(bool, standalone) = false;
+  TORCH_ARG(double, rdzv_timeout) = 300.0;  // seconds to wait for every node to join a round
+  TORCH_ARG(int64_t, max_restarts) = 0;     // restarts of the whole group after a failure
+  TORCH_ARG(std::string, log_dir) = "";     // also write DIR/attempt_K/rank_N.{stdout,stderr}
+  TORCH_ARG(double, grace_period) = 5.0;    // seconds between SIGTERM and SIGKILL when stopping
+
+ public:
+  // Throws c10::ValueError naming the first invalid value and what is allowed.
+  void validate() const;
+};
+
+constexpr int kDefaultMasterPort = 29500;  // PyTorch's
+constexpr int kWorkersFailed = 1;          // launcher exit code when the group failed for good
+
+// `lockstep run`: starts nproc_per_node copies of the program on this node, one rank each, and
+// supervises them until all succeed, one fails (then all are stopped, and maybe restarted), or the
+// launcher is told to stop.
+//
+// Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (node rank),
+// MASTER_ADDR, MASTER_PORT, LOCKSTEP_RESTART_COUNT and, unless already set, OMP_NUM_THREADS
+// (cores / nproc_per_node, at least 1).
+class Launcher {
+ public:
+  // Validates the options and resolves the program on PATH (c10::ValueError when it is missing).
+  explicit Launcher(LaunchOptions options);
+
+  // Returns the launcher's exit code: 0 when every worker of a round exited 0, kWorkersFailed when a
+  // round failed with no restarts left, 128 + signal when SIGINT/SIGTERM/SIGHUP stopped it.
+  // Throws c10::Error when the rendezvous fails (timeout, node 0 gone).
+  int run();
+
+ private:
+  // The workers' MASTER_PORT for a round: the given port, else a free one (standalone) or 29500.
+  int worker_port() const;
+  std::vector<std::string> worker_env(int64_t rank, int64_t local_rank, int64_t world_size,
+                                      int master_port, int64_t restart) const;
+
+  LaunchOptions options_;
+  std::string executable_;  // the program, resolved on PATH
+};
+
+}  // namespace lockstep::launch

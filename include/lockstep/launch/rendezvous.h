@@ -1,0 +1,83 @@
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/arg.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace c10d {
+class TCPStore;
+}  // namespace c10d
+
+namespace lockstep::launch {
+
+// Note [Launcher rendezvous port]
+// The workers' own process group (c10d env:// init) binds MASTER_PORT on the master node. The
+// launchers therefore meet one port higher, on MASTER_PORT + 1, in a c10d TCPStore hosted by node
+// 0's launcher; the two stores never compete for a port, and a firewall needs both ports open.
+constexpr int kRendezvousPortOffset = 1;
+
+struct RendezvousOptions {
+  TORCH_ARG(int64_t, nnodes) = 1;
+  TORCH_ARG(int64_t, node_rank) = 0;
+  TORCH_ARG(std::string, master_addr) = "127.0.0.1";
+  // The workers' MASTER_PORT; the launchers use master_port + kRendezvousPortOffset.
+  TORCH_ARG(int, master_port) = 29500;
+  // How long join() waits for every node, and how long a node waits to reach node 0.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(300);
+};
+
+// This node's share of one round's world.
+struct NodeAssignment {
+  int64_t round = 0;
+  int64_t world_size = 0;  // workers over all nodes
+  int64_t first_rank = 0;  // global rank of this node's local rank 0
+};
+
+// Agreement between the launchers of all nodes, one round per (re)start of the worker group: who
+// is there, how many workers each node brings, whether any node's workers failed, and when all
+// nodes are done. With one node there is nobody to agree with and no store is made.
+//
+// Keys are namespaced by round, so a restarted round starts from a clean slate. Store errors after
+// the join (node 0's launcher gone, network down) throw c10::Error saying so.
+class Rendezvous {
+ public:
+  // Node 0 starts the store (throws naming the port if it is taken); other nodes connect to it,
+  // waiting up to the timeout.
+  explicit Rendezvous(RendezvousOptions options);
+  ~Rendezvous();
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
+
+  // Blocks until every node has joined `round`, then assigns global ranks in node-rank order.
+  // On timeout throws c10::Error saying how many of how many nodes arrived, and which.
+  NodeAssignment join(int64_t round, int64_t nproc_per_node);
+
+  // Tells every node that `round` failed; the first report of a round is kept.
+  void report_failure(int64_t round, const std::string& what);
+  // The failure some node reported for `round`, if any.
+  std::optional<std::string> failure(int64_t round);
+
+  void report_done(int64_t round);
+  bool all_done(int64_t round);
+  // Called once the outcome is known. Node 0 waits (briefly) for the others to leave, so that its
+  // store outlives their last read.
+  void leave(int64_t round);
+
+  int64_t nnodes() const { return options_.nnodes(); }
+  int64_t node_rank() const { return options_.node_rank(); }
+
+ private:
+  std::string endpoint() const;  // "HOST:PORT" of the launchers' store
+
+  RendezvousOptions options_;
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+};
+
+// A TCP port that was free on this host a moment ago (bound to port 0 and released).
+int free_tcp_port();
+
+}  // namespace lockstep::launch

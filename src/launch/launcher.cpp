@@ -1,0 +1,298 @@
+#include "lockstep/launch/launcher.h"
+
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <set>
+#include <sstream>
+
+#include "lockstep/core/process.h"
+#include "lockstep/launch/rendezvous.h"
+#include "lockstep/launch/unique_fd.h"
+#include "lockstep/launch/worker_group.h"
+
+extern char** environ;
+
+namespace lockstep::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kSupervisePoll{50};     // longest a worker failure goes unnoticed
+constexpr milliseconds kPeerCheckEvery{250};   // how often other nodes' outcomes are read
+
+milliseconds to_ms(double seconds) { return milliseconds(static_cast<int64_t>(seconds * 1000.0)); }
+
+std::string format_seconds(double seconds) {
+  std::ostringstream s;
+  s << seconds << " s";
+  return s.str();
+}
+
+// The write end of the self-pipe of the live ShutdownSignals; a signal handler can reach nothing
+// but a global.
+int g_signal_pipe = -1;
+
+void on_shutdown_signal(int signal) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal);
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe, &byte, 1);
+  errno = saved;
+}
+
+// While alive, SIGINT, SIGTERM and SIGHUP to the launcher become bytes on a pipe that the
+// supervision loop polls, so they are forwarded to the workers instead of killing the launcher;
+// SIGPIPE is ignored (a closed stdout loses output, not the job). Restores the previous actions.
+// Only one round's supervision holds it: between rounds no worker runs, and the default action
+// (die) is right.
+class ShutdownSignals {
+ public:
+  ShutdownSignals() {
+    int fds[2];
+    TORCH_CHECK(::pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0, "pipe2: ", std::strerror(errno));
+    read_ = UniqueFd(fds[0]);
+    write_ = UniqueFd(fds[1]);
+    g_signal_pipe = write_.get();
+    struct sigaction action {};
+    action.sa_handler = on_shutdown_signal;
+    sigemptyset(&action.sa_mask);
+    for (size_t i = 0; i < kForwarded.size(); ++i) ::sigaction(kForwarded[i], &action, &saved_[i]);
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigaction(SIGPIPE, &ignore, &saved_pipe_);
+  }
+  ~ShutdownSignals() {
+    for (size_t i = 0; i < kForwarded.size(); ++i) ::sigaction(kForwarded[i], &saved_[i], nullptr);
+    ::sigaction(SIGPIPE, &saved_pipe_, nullptr);
+    g_signal_pipe = -1;
+  }
+  ShutdownSignals(const ShutdownSignals&) = delete;
+  ShutdownSignals& operator=(const ShutdownSignals&) = delete;
+
+  int fd() const { return read_.get(); }
+  // The first signal received and not yet taken, or 0.
+  int take() {
+    unsigned char byte = 0;
+    return ::read(read_.get(), &byte, 1) == 1 ? byte : 0;
+  }
+
+ private:
+  static constexpr std::array<int, 3> kForwarded{SIGINT, SIGTERM, SIGHUP};
+  UniqueFd read_;
+  UniqueFd write_;
+  std::array<struct sigaction, 3> saved_{};
+  struct sigaction saved_pipe_ {};
+};
+
+// PROGRAM as execve needs it: a path containing '/' as given, otherwise the first executable
+// match on PATH. Empty when there is none.
+std::string resolve_program(const std::string& program) {
+  auto executable = [](const std::string& path) {
+    return ::access(path.c_str(), X_OK) == 0 && !std::filesystem::is_directory(path);
+  };
+  if (program.find('/') != std::string::npos) return executable(program) ? program : std::string();
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
+    const std::string candidate = dir + "/" + program;
+    if (executable(candidate)) return candidate;
+    start = end + 1;
+  }
+  return {};
+}
+
+void say(const std::string& line) { std::cerr << "lockstep run: " << line << std::endl; }
+
+std::string plural(int64_t n, const std::string& word) {
+  return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
+}
+
+// How one round ended.
+struct RoundOutcome {
+  enum class Kind { kSucceeded, kFailed, kSignalled } kind = Kind::kSucceeded;
+  int signal = 0;       // kSignalled: what the launcher received
+  std::string failure;  // kFailed: which rank failed and how, possibly on another node
+};
+
+}  // namespace
+
+void LaunchOptions::validate() const {
+  TORCH_CHECK_VALUE(!program_.empty() && !program_[0].empty(),
+                    "no program to run; usage: lockstep run [OPTIONS] -- PROGRAM [ARGS...]");
+  TORCH_CHECK_VALUE(nproc_per_node_ >= 1, "--nproc-per-node must be at least 1, got ", nproc_per_node_);
+  TORCH_CHECK_VALUE(nnodes_ >= 1, "--nnodes must be at least 1, got ", nnodes_);
+  TORCH_CHECK_VALUE(node_rank_ >= 0 && node_rank_ < nnodes_, "--node-rank ", node_rank_,
+                    " is outside [0, ", nnodes_, ") for --nnodes ", nnodes_,
+                    "; number the nodes 0 to ", nnodes_ - 1);
+  TORCH_CHECK_VALUE(!standalone_ || nnodes_ == 1, "--standalone runs a single node, but --nnodes is ",
+                    nnodes_, "; drop --standalone and give --master-addr and --master-port");
+  TORCH_CHECK_VALUE(!standalone_ || master_port_ == 0, "--standalone picks a free port itself, but --master-port ",
+                    master_port_, " was given; use one or the other");
+  TORCH_CHECK_VALUE(master_port_ >= 0 && master_port_ + kRendezvousPortOffset <= 65535, "--master-port ",
+                    master_port_, " is not usable: the workers use it and the launchers the next port, "
+                    "so it must be in [1, 65534] (or 0 for the default)");
+  TORCH_CHECK_VALUE(!master_addr_.empty(), "--master-addr is empty; give node 0's host name or address");
+  TORCH_CHECK_VALUE(rdzv_timeout_ > 0, "--rdzv-timeout must be positive (seconds), got ", rdzv_timeout_);
+  TORCH_CHECK_VALUE(max_restarts_ >= 0, "--max-restarts must be at least 0, got ", max_restarts_);
+  TORCH_CHECK_VALUE(grace_period_ >= 0, "--grace-period must be at least 0 (seconds), got ", grace_period_);
+}
+
+Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {
+  options_.validate();
+  executable_ = resolve_program(options_.program()[0]);
+  TORCH_CHECK_VALUE(!executable_.empty(), "program '", options_.program()[0],
+                    "' is not an executable file and was not found on PATH");
+}
+
+int Launcher::worker_port() const {
+  if (options_.master_port() != 0) return options_.master_port();
+  return options_.nnodes() == 1 ? free_tcp_port() : kDefaultMasterPort;
+}
+
+std::vector<std::string> Launcher::worker_env(int64_t rank, int64_t local_rank, int64_t world_size,
+                                              int master_port, int64_t restart) const {
+  const int64_t nproc = options_.nproc_per_node();
+  std::vector<std::pair<std::string, std::string>> ours{
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"WORLD_SIZE", std::to_string(world_size)},
+      {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+      {"GROUP_RANK", std::to_string(options_.node_rank())},
+      {"MASTER_ADDR", options_.master_addr()},
+      {"MASTER_PORT", std::to_string(master_port)},
+      {"LOCKSTEP_RESTART_COUNT", std::to_string(restart)},
+  };
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  if (omp == nullptr || *omp == '\0')
+    ours.emplace_back("OMP_NUM_THREADS",
+                      std::to_string(std::max<int64_t>(1, available_cores() / nproc)));
+
+  std::set<std::string> replaced;
+  for (const auto& [name, value] : ours) replaced.insert(name);
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (replaced.count(entry.substr(0, entry.find('='))) == 0) env.push_back(entry);
+  }
+  for (const auto& [name, value] : ours) env.push_back(name + "=" + value);
+  return env;
+}
+
+int Launcher::run() {
+  const milliseconds grace = to_ms(options_.grace_period());
+  Rendezvous rendezvous(RendezvousOptions()
+                            .nnodes(options_.nnodes())
+                            .node_rank(options_.node_rank())
+                            .master_addr(options_.master_addr())
+                            .master_port(options_.master_port() != 0 ? options_.master_port()
+                                                                     : kDefaultMasterPort)
+                            .timeout(to_ms(options_.rdzv_timeout())));
+  for (int64_t restart = 0;; ++restart) {
+    const NodeAssignment assignment = rendezvous.join(restart, options_.nproc_per_node());
+    const int port = worker_port();
+    std::string log_dir;
+    if (!options_.log_dir().empty()) {
+      log_dir = options_.log_dir() + "/attempt_" + std::to_string(restart);
+      std::error_code ec;
+      std::filesystem::create_directories(log_dir, ec);
+      TORCH_CHECK(!ec, "cannot create log directory ", log_dir, ": ", ec.message());
+    }
+    std::vector<WorkerSpec> specs;
+    for (int64_t local = 0; local < options_.nproc_per_node(); ++local) {
+      const int64_t rank = assignment.first_rank + local;
+      specs.push_back({rank, local, worker_env(rank, local, assignment.world_size, port, restart)});
+    }
+
+    RoundOutcome outcome;
+    {
+      ShutdownSignals signals;
+      WorkerGroup group(executable_, options_.program(), std::move(specs), log_dir, grace);
+      bool done = false;
+      auto next_peer_check = Clock::now();
+      while (true) {
+        const std::optional<WorkerExit> failed = group.poll(kSupervisePoll, signals.fd());
+        if (const int sig = signals.take()) {
+          say("received " + signal_name(sig) + "; forwarding it to " + plural(group.running(), "worker") +
+              " (SIGKILL after " + format_seconds(options_.grace_period()) + ")");
+          rendezvous.report_failure(restart, "node " + std::to_string(options_.node_rank()) +
+                                                 "'s launcher received " + signal_name(sig));
+          group.stop(sig);
+          outcome = {RoundOutcome::Kind::kSignalled, sig, ""};
+          break;
+        }
+        if (failed) {
+          std::string what = "rank " + std::to_string(failed->rank) + " (node " +
+                             std::to_string(options_.node_rank()) + ", local rank " +
+                             std::to_string(failed->local_rank) + ", pid " + std::to_string(failed->pid) +
+                             ") " + failed->describe();
+          say(what);
+          rendezvous.report_failure(restart, what);
+          const size_t others = group.running();
+          if (others > 0)
+            say("stopping the other " + plural(others, "local worker") + " (SIGTERM, then SIGKILL after " +
+                format_seconds(options_.grace_period()) + ")");
+          group.stop(SIGTERM);
+          const std::vector<std::string> tail = group.stderr_tail(failed->local_rank);
+          if (!tail.empty()) {
+            say("last " + plural(static_cast<int64_t>(tail.size()), "line") + " of rank " +
+                std::to_string(failed->rank) + "'s stderr:");
+            for (const std::string& line : tail) std::cerr << "  " << line << "\n";
+          }
+          outcome = {RoundOutcome::Kind::kFailed, 0, what};
+          break;
+        }
+        if (!done && group.all_exited()) {
+          group.stop(SIGTERM);  // nothing is running: this only collects stray children and output
+          rendezvous.report_done(restart);
+          done = true;
+        }
+        if (done && rendezvous.all_done(restart)) break;
+        if (rendezvous.nnodes() > 1 && Clock::now() >= next_peer_check) {
+          next_peer_check = Clock::now() + kPeerCheckEvery;
+          if (std::optional<std::string> remote = rendezvous.failure(restart)) {
+            say("another node failed: " + *remote + "; stopping " + plural(group.running(), "local worker"));
+            group.stop(SIGTERM);
+            outcome = {RoundOutcome::Kind::kFailed, 0, *remote};
+            break;
+          }
+        }
+      }
+    }
+    rendezvous.leave(restart);
+
+    switch (outcome.kind) {
+      case RoundOutcome::Kind::kSucceeded:
+        say("all " + plural(assignment.world_size, "worker") + " finished successfully after " +
+            plural(restart, "restart"));
+        return 0;
+      case RoundOutcome::Kind::kSignalled:
+        return 128 + outcome.signal;
+      case RoundOutcome::Kind::kFailed:
+        if (restart < options_.max_restarts()) {
+          say("restarting the worker group (restart " + std::to_string(restart + 1) + " of " +
+              std::to_string(options_.max_restarts()) + ")");
+          continue;
+        }
+        say("failed: " + outcome.failure + (options_.max_restarts() > 0
+                                                ? " (all " + plural(options_.max_restarts(), "restart") + " used)"
+                                                : ""));
+        return kWorkersFailed;
+    }
+  }
+}
+
+}  // namespace lockstep::launch

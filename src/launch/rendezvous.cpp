@@ -1,0 +1,171 @@
+#include "lockstep/launch/rendezvous.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "lockstep/launch/unique_fd.h"
+
+namespace lockstep::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How long node 0 keeps its store up for the other nodes to read a round's outcome.
+constexpr milliseconds kLeaveTimeout{10000};
+
+std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string to_string(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+std::string key(int64_t round, const std::string& name) {
+  return "lockstep/round" + std::to_string(round) + "/" + name;
+}
+
+double seconds(milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+}  // namespace
+
+Rendezvous::Rendezvous(RendezvousOptions options) : options_(std::move(options)) {
+  if (options_.nnodes() == 1) return;
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<uint16_t>(options_.master_port() + kRendezvousPortOffset);
+  store_options.isServer = options_.node_rank() == 0;
+  store_options.waitWorkers = false;  // join() counts nodes itself, to say which are missing
+  store_options.timeout = options_.timeout();
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>(options_.master_addr(), store_options);
+  } catch (const std::exception& e) {
+    if (options_.node_rank() == 0)
+      TORCH_CHECK(false, "node 0 cannot host the launchers' rendezvous on port ", store_options.port,
+                  " (--master-port + 1; see the README): ", e.what(),
+                  "; pick a --master-port whose next port is free");
+    TORCH_CHECK(false, "rendezvous timed out after ", seconds(options_.timeout()), " s: node ",
+                options_.node_rank(), " could not reach node 0's launcher at ", endpoint(),
+                " (0 of ", options_.nnodes(), " nodes seen from here); start node 0 with the same ",
+                "--master-addr/--master-port, or raise --rdzv-timeout (c10d: ", e.what(), ")");
+  }
+}
+
+Rendezvous::~Rendezvous() = default;
+
+std::string Rendezvous::endpoint() const {
+  return options_.master_addr() + ":" + std::to_string(options_.master_port() + kRendezvousPortOffset);
+}
+
+NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
+  NodeAssignment a;
+  a.round = round;
+  if (!store_) {
+    a.world_size = nproc_per_node;
+    return a;
+  }
+  const int64_t nnodes = options_.nnodes();
+  const std::string me = std::to_string(options_.node_rank());
+  std::vector<std::string> node_keys;
+  for (int64_t n = 0; n < nnodes; ++n) node_keys.push_back(key(round, "node" + std::to_string(n)));
+
+  store_->set(key(round, "nproc" + me), to_bytes(std::to_string(nproc_per_node)));
+  const int64_t arrivals = store_->add(node_keys[options_.node_rank()], 1);
+  TORCH_CHECK(arrivals == 1, "node rank ", me, " joined rendezvous round ", round, " ", arrivals,
+              " times: two launchers were given --node-rank ", me,
+              "; give every node its own rank in [0, ", nnodes, ")");
+  try {
+    store_->wait(node_keys, options_.timeout());
+  } catch (const std::exception& e) {
+    std::vector<int64_t> present;
+    std::vector<int64_t> missing;
+    try {
+      for (int64_t n = 0; n < nnodes; ++n)
+        (store_->check({node_keys[n]}) ? present : missing).push_back(n);
+    } catch (const std::exception&) {
+      TORCH_CHECK(false, "lost the rendezvous store at ", endpoint(), " while waiting for round ",
+                  round, ": node 0's launcher has gone (", e.what(), ")");
+    }
+    TORCH_CHECK(false, "rendezvous timed out after ", seconds(options_.timeout()), " s: ",
+                present.size(), " of ", nnodes, " nodes arrived at ", endpoint(), " (present: ",
+                c10::Join(", ", present), "; missing: ", c10::Join(", ", missing),
+                "); start `lockstep run --nnodes ", nnodes,
+                " --node-rank R ...` on the missing nodes, or raise --rdzv-timeout");
+  }
+  // Ranks follow node rank: node n's workers come after those of nodes 0..n-1.
+  for (int64_t n = 0; n < nnodes; ++n) {
+    const std::string text = to_string(store_->get(key(round, "nproc" + std::to_string(n))));
+    const int64_t nproc = std::stoll(text);
+    if (n < options_.node_rank()) a.first_rank += nproc;
+    a.world_size += nproc;
+  }
+  return a;
+}
+
+void Rendezvous::report_failure(int64_t round, const std::string& what) {
+  if (!store_) return;
+  try {
+    store_->compareSet(key(round, "failed"), {}, to_bytes(what));
+  } catch (const std::exception&) {
+    // Node 0 is gone; the other nodes learn of it from their own store errors.
+  }
+}
+
+std::optional<std::string> Rendezvous::failure(int64_t round) {
+  if (!store_) return std::nullopt;
+  try {
+    if (!store_->check({key(round, "failed")})) return std::nullopt;
+    return to_string(store_->get(key(round, "failed")));
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
+                ": node 0's launcher has exited or the network failed (", e.what(), ")");
+  }
+}
+
+void Rendezvous::report_done(int64_t round) {
+  if (store_) store_->add(key(round, "done"), 1);
+}
+
+bool Rendezvous::all_done(int64_t round) {
+  if (!store_) return true;
+  try {
+    return store_->add(key(round, "done"), 0) == options_.nnodes();
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
+                ": node 0's launcher has exited or the network failed (", e.what(), ")");
+  }
+}
+
+void Rendezvous::leave(int64_t round) {
+  if (!store_) return;
+  try {
+    if (options_.node_rank() != 0) {
+      store_->add(key(round, "left" + std::to_string(options_.node_rank())), 1);
+      return;
+    }
+    std::vector<std::string> others;
+    for (int64_t n = 1; n < options_.nnodes(); ++n) others.push_back(key(round, "left" + std::to_string(n)));
+    store_->wait(others, kLeaveTimeout);
+  } catch (const std::exception&) {
+    // The outcome is settled; a node that does not say goodbye in time does not change it.
+  }
+}
+
+int free_tcp_port() {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  TORCH_CHECK(fd.valid(), "socket: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  TORCH_CHECK(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0,
+              "cannot bind a TCP port: ", std::strerror(errno));
+  socklen_t len = sizeof(addr);
+  TORCH_CHECK(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0,
+              "getsockname: ", std::strerror(errno));
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace lockstep::launch

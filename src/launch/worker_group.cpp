@@ -1,0 +1,279 @@
+#include "lockstep/launch/worker_group.h"
+
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "lockstep/launch/line_prefixer.h"
+#include "lockstep/launch/unique_fd.h"
+
+namespace lockstep::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr size_t kTailLines = 20;                  // stderr lines kept for the failure report
+constexpr milliseconds kPollSlice{20};             // longest wait before reaping again
+constexpr milliseconds kReapAfterKill{5000};       // SIGKILLed processes are gone well within this
+constexpr milliseconds kDrainAfterExit{1000};      // for output still held by escaped children
+
+std::string os_error(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
+
+UniqueFd open_log(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  TORCH_CHECK(fd.valid(), "cannot create log file ", path, ": ", os_error(errno),
+              "; check that --log-dir is writable");
+  return fd;
+}
+
+void write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// A NULL-terminated char* array over strings that outlive it, as execve wants.
+std::vector<char*> c_array(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  out.reserve(strings.size() + 1);
+  for (const std::string& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+// One of a worker's output streams: the pipe it writes to, its log file, and its line splitter.
+struct Stream {
+  UniqueFd pipe;  // read end, non-blocking; closed at EOF
+  UniqueFd log;
+  LinePrefixer lines;
+
+  Stream(const std::string& prefix, int out_fd, size_t tail) : lines(prefix, out_fd, tail) {}
+
+  // Reads what is available; closes the pipe at EOF.
+  void forward() {
+    char buf[16384];
+    while (pipe.valid()) {
+      const ssize_t n = ::read(pipe.get(), buf, sizeof(buf));
+      if (n > 0) {
+        if (log.valid()) write_all(log.get(), buf, static_cast<size_t>(n));
+        lines.feed(std::string_view(buf, static_cast<size_t>(n)));
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && errno == EAGAIN) {
+        return;
+      } else {
+        lines.finish();
+        pipe.reset();
+      }
+    }
+  }
+};
+
+}  // namespace
+
+struct WorkerGroup::Worker {
+  WorkerSpec spec;
+  pid_t pid = -1;
+  std::optional<WorkerExit> exit;
+  Stream out;
+  Stream err;
+
+  explicit Worker(WorkerSpec s)
+      : spec(std::move(s)),
+        out("[rank " + std::to_string(spec.rank) + "] ", STDOUT_FILENO, 0),
+        err("[rank " + std::to_string(spec.rank) + "] ", STDERR_FILENO, kTailLines) {}
+};
+
+std::string signal_name(int signal) {
+  const char* abbrev = ::sigabbrev_np(signal);
+  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
+}
+
+std::string WorkerExit::describe() const {
+  if (signal != 0) return "was killed by " + signal_name(signal);
+  return "exited with code " + std::to_string(exit_code);
+}
+
+WorkerGroup::WorkerGroup(const std::string& executable, const std::vector<std::string>& argv,
+                         std::vector<WorkerSpec> workers, const std::string& log_dir,
+                         milliseconds grace_period)
+    : grace_period_(grace_period) {
+  for (WorkerSpec& spec : workers) {
+    auto w = std::make_unique<Worker>(std::move(spec));
+    if (!log_dir.empty()) {
+      const std::string base = log_dir + "/rank_" + std::to_string(w->spec.rank);
+      w->out.log = open_log(base + ".stdout");
+      w->err.log = open_log(base + ".stderr");
+    }
+    workers_.push_back(std::move(w));
+  }
+  // On a failure half-way, the destructor does not run: stop the ones already started here.
+  try {
+    for (auto& w : workers_) spawn(*w, executable, argv);
+  } catch (...) {
+    stop(SIGKILL);
+    throw;
+  }
+}
+
+WorkerGroup::~WorkerGroup() { stop(SIGTERM); }
+
+void WorkerGroup::spawn(Worker& w, const std::string& executable, const std::vector<std::string>& argv) {
+  int out_pipe[2];
+  int err_pipe[2];
+  TORCH_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0, "pipe2: ", os_error(errno));
+  UniqueFd out_read(out_pipe[0]), out_write(out_pipe[1]);
+  TORCH_CHECK(::pipe2(err_pipe, O_CLOEXEC) == 0, "pipe2: ", os_error(errno));
+  UniqueFd err_read(err_pipe[0]), err_write(err_pipe[1]);
+  UniqueFd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  TORCH_CHECK(dev_null.valid(), "cannot open /dev/null: ", os_error(errno));
+
+  // Everything the child needs is prepared here: between fork and exec only async-signal-safe
+  // calls are allowed (the launcher may have threads, e.g. the rendezvous store's).
+  std::vector<char*> child_argv = c_array(argv);
+  std::vector<char*> child_env = c_array(w.spec.env);
+  const std::string exec_error = "lockstep run: cannot execute " + executable + ": ";
+  const pid_t parent = ::getpid();
+
+  const pid_t pid = ::fork();
+  TORCH_CHECK(pid >= 0, "cannot start rank ", w.spec.rank, ": fork failed: ", os_error(errno));
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl took effect
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) ::sigaction(sig, &dfl, nullptr);
+    sigset_t none;
+    ::sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::dup2(dev_null.get(), STDIN_FILENO);
+    ::dup2(out_write.get(), STDOUT_FILENO);
+    ::dup2(err_write.get(), STDERR_FILENO);
+    if (::close_range(3, ~0U, 0) != 0)
+      for (int fd = 3; fd < 4096; ++fd) ::close(fd);
+    ::execve(executable.c_str(), child_argv.data(), child_env.data());
+    const int err = errno;
+    ::write(STDERR_FILENO, exec_error.data(), exec_error.size());
+    const char* reason = ::strerrordesc_np(err);
+    if (reason != nullptr) ::write(STDERR_FILENO, reason, std::strlen(reason));
+    ::write(STDERR_FILENO, "\n", 1);
+    ::_exit(127);
+  }
+  // Also from the parent, so that signalling the group cannot race the child's own setpgid.
+  ::setpgid(pid, pid);
+  w.pid = pid;
+  ::fcntl(out_read.get(), F_SETFL, O_NONBLOCK);
+  ::fcntl(err_read.get(), F_SETFL, O_NONBLOCK);
+  w.out.pipe = std::move(out_read);
+  w.err.pipe = std::move(err_read);
+}
+
+std::optional<WorkerExit> WorkerGroup::reap() {
+  std::optional<WorkerExit> failed;
+  for (auto& w : workers_) {
+    if (w->pid < 0 || w->exit) continue;
+    int status = 0;
+    const pid_t r = ::waitpid(w->pid, &status, WNOHANG);
+    if (r != w->pid) continue;
+    WorkerExit e;
+    e.rank = w->spec.rank;
+    e.local_rank = w->spec.local_rank;
+    e.pid = w->pid;
+    if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+    else e.exit_code = WEXITSTATUS(status);
+    w->exit = e;
+    if (!e.ok() && !failed) failed = e;
+  }
+  return failed;
+}
+
+void WorkerGroup::pump(milliseconds max_wait, int wake_fd) {
+  std::vector<pollfd> fds;
+  std::vector<Stream*> streams;
+  for (auto& w : workers_)
+    for (Stream* s : {&w->out, &w->err})
+      if (s->pipe.valid()) {
+        fds.push_back({s->pipe.get(), POLLIN, 0});
+        streams.push_back(s);
+      }
+  if (wake_fd >= 0) fds.push_back({wake_fd, POLLIN, 0});
+  const int n = ::poll(fds.data(), fds.size(), static_cast<int>(max_wait.count()));
+  if (n <= 0) return;
+  for (size_t i = 0; i < streams.size(); ++i)
+    if (fds[i].revents != 0) streams[i]->forward();
+}
+
+std::optional<WorkerExit> WorkerGroup::poll(milliseconds max_wait, int wake_fd) {
+  pump(std::min(max_wait, kPollSlice), wake_fd);
+  return reap();
+}
+
+bool WorkerGroup::all_exited() const { return running() == 0; }
+
+size_t WorkerGroup::running() const {
+  return std::count_if(workers_.begin(), workers_.end(),
+                       [](const auto& w) { return w->pid >= 0 && !w->exit; });
+}
+
+size_t WorkerGroup::size() const { return workers_.size(); }
+
+void WorkerGroup::stop(int signal) {
+  if (stopped_) return;
+  stopped_ = true;
+  for (auto& w : workers_)
+    if (w->pid >= 0 && !w->exit) ::kill(-w->pid, signal);
+  const auto grace_end = Clock::now() + grace_period_;
+  reap();
+  while (running() > 0 && Clock::now() < grace_end) {
+    pump(kPollSlice, -1);
+    reap();
+  }
+  // Also the groups of workers that already exited: their children may linger. A process group
+  // id stays reserved while any member lives, so this cannot hit an unrelated process group.
+  for (auto& w : workers_)
+    if (w->pid >= 0) ::kill(-w->pid, SIGKILL);
+  const auto reap_end = Clock::now() + kReapAfterKill;
+  while (running() > 0 && Clock::now() < reap_end) {
+    pump(kPollSlice, -1);
+    reap();
+  }
+  // Output the workers wrote before dying is still in the pipes; a child that left the process
+  // group (setsid) could keep a pipe open forever, hence the deadline.
+  const auto drain_end = Clock::now() + kDrainAfterExit;
+  auto open_pipes = [this] {
+    for (auto& w : workers_)
+      if (w->out.pipe.valid() || w->err.pipe.valid()) return true;
+    return false;
+  };
+  while (open_pipes() && Clock::now() < drain_end) pump(kPollSlice, -1);
+  for (auto& w : workers_) {
+    w->out.pipe.reset();
+    w->err.pipe.reset();
+    w->out.lines.finish();
+    w->err.lines.finish();
+  }
+}
+
+std::vector<std::string> WorkerGroup::stderr_tail(int64_t local_rank) const {
+  for (const auto& w : workers_)
+    if (w->spec.local_rank == local_rank)
+      return {w->err.lines.tail().begin(), w->err.lines.tail().end()};
+  return {};
+}
+
+}  // namespace lockstep::launch
