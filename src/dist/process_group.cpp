@@ -137,12 +137,19 @@ void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
   wait(backend_->broadcast(ts, o), "broadcast");
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroup::all_gather_async(const torch::Tensor& tensor,
+                                                              std::vector<torch::Tensor>& out) {
+  out.clear();
+  for (int64_t r = 0; r < size_; ++r) out.push_back(torch::empty_like(tensor));
+  std::vector<torch::Tensor> in{tensor};
+  std::vector<std::vector<torch::Tensor>> outs{out};  // shares storage with `out`
+  return backend_->allgather(outs, in);
+}
+
 std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& tensor) {
-  std::vector<torch::Tensor> in{tensor.contiguous()};
-  std::vector<std::vector<torch::Tensor>> out(1);
-  for (int64_t r = 0; r < size_; ++r) out[0].push_back(torch::empty_like(in[0]));
-  wait(backend_->allgather(out, in), "all_gather");
-  return out[0];
+  std::vector<torch::Tensor> out;
+  wait(all_gather_async(tensor.contiguous(), out), "all_gather");
+  return out;
 }
 
 void ProcessGroup::barrier() {

@@ -1,18 +1,15 @@
 #pragma once
 
 #include <torch/arg.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/types.h>
 
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
-
-namespace c10d {
-class ProcessGroup;
-class Store;
-class Work;
-}  // namespace c10d
 
 namespace lockstep::dist {
 
@@ -47,6 +44,8 @@ class ProcessGroup {
   void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   // Starts a sum all-reduce and returns at once; wait() on the result. For overlap (DDP).
   c10::intrusive_ptr<c10d::Work> all_reduce_async(torch::Tensor& tensor);
+  // Starts an all-gather of `tensor` into `out` (size() tensors shaped like it); wait() on the result.
+  c10::intrusive_ptr<c10d::Work> all_gather_async(const torch::Tensor& tensor, std::vector<torch::Tensor>& out);
   void broadcast(torch::Tensor& tensor, int64_t root = 0);
   // size() tensors, entry r holding rank r's `tensor` (same shape and dtype on every rank).
   std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor);

@@ -1,0 +1,83 @@
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+
+#include <memory>
+
+#include "lockstep/dist/process_group.h"
+#include "lockstep/parallel/reducer.h"
+
+namespace lockstep::parallel {
+
+struct DistributedDataParallelOptions {
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;         // bucket size cap, in MiB
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  TORCH_ARG(bool, broadcast_buffers) = true;       // rank 0's buffers (BN statistics) each forward
+  TORCH_ARG(CommHook, comm_hook) = CommHook::kNone;
+};
+
+// torch.nn.parallel.DistributedDataParallel for LibTorch modules: one replica per process, only
+// gradients travel, bucketed and all-reduced while backward runs (Note [Gradient buckets]).
+// At construction, every rank checks it holds the same parameters (names, shapes, dtypes) as
+// rank 0, then takes rank 0's parameters and buffers.
+//
+//   auto group = lockstep::dist::init_process_group();
+//   lockstep::parallel::DistributedDataParallel ddp(model, *group);
+//   auto loss = criterion(ddp.forward(x), y);  loss.backward();  optimizer.step();
+class DistributedDataParallel {
+ public:
+  template <typename ModuleType>
+  DistributedDataParallel(std::shared_ptr<ModuleType> module, dist::ProcessGroup& group,
+                          DistributedDataParallelOptions options = {})
+      : DistributedDataParallel(torch::nn::AnyModule(module), module, group, options) {}
+  ~DistributedDataParallel();
+
+  // Broadcasts buffers (when enabled and training), runs the module, and prepares the reducer
+  // for the backward of the returned output.
+  template <typename... Args>
+  torch::Tensor forward(Args&&... args) {
+    pre_forward();
+    torch::Tensor out = forward_.forward(std::forward<Args>(args)...);
+    post_forward(out);
+    return out;
+  }
+
+  // Inside the returned guard's lifetime, backward accumulates gradients locally without
+  // communicating; the next backward outside it reduces the accumulated sum (PyTorch's no_sync).
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(Reducer& reducer) : reducer_(reducer), previous_(reducer.sync()) {
+      reducer_.set_sync(false);
+    }
+    ~NoSyncGuard() { reducer_.set_sync(previous_); }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    Reducer& reducer_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
+
+  torch::nn::Module& module() { return *module_; }
+  dist::ProcessGroup& group() { return group_; }
+  const ReducerStats& reducer_stats() const { return reducer_->stats(); }
+
+ private:
+  DistributedDataParallel(torch::nn::AnyModule forward, std::shared_ptr<torch::nn::Module> module,
+                          dist::ProcessGroup& group, DistributedDataParallelOptions options);
+  void check_same_model_on_all_ranks();
+  void broadcast_from_rank0(const std::vector<torch::Tensor>& tensors);
+  void pre_forward();
+  void post_forward(const torch::Tensor& out);
+
+  torch::nn::AnyModule forward_;
+  std::shared_ptr<torch::nn::Module> module_;
+  dist::ProcessGroup& group_;
+  DistributedDataParallelOptions options_;
+  std::unique_ptr<Reducer> reducer_;
+};
+
+}  // namespace lockstep::parallel

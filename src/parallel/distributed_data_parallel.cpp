@@ -1,0 +1,111 @@
+#include "lockstep/parallel/distributed_data_parallel.h"
+
+#include <torch/csrc/utils/tensor_flatten.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <sstream>
+
+namespace lockstep::parallel {
+namespace {
+
+std::string describe(const std::string& kind, const std::string& name, const torch::Tensor& t) {
+  std::ostringstream s;
+  s << kind << " '" << name << "' " << t.sizes() << " " << t.scalar_type();
+  return s.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(torch::nn::AnyModule forward,
+                                                 std::shared_ptr<torch::nn::Module> module,
+                                                 dist::ProcessGroup& group,
+                                                 DistributedDataParallelOptions options)
+    : forward_(std::move(forward)), module_(std::move(module)), group_(group), options_(options) {
+  TORCH_CHECK_VALUE(options_.bucket_cap_mb() > 0, "bucket_cap_mb=", options_.bucket_cap_mb(),
+                    " must be positive");
+  check_same_model_on_all_ranks();
+  std::vector<torch::Tensor> state;
+  for (const auto& p : module_->parameters()) state.push_back(p);
+  for (const auto& b : module_->buffers()) state.push_back(b);
+  broadcast_from_rank0(state);
+
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& item : module_->named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    params.push_back(item.value());
+    names.push_back(item.key());
+  }
+  ReducerOptions ro;
+  ro.bucket_cap_bytes = static_cast<int64_t>(options_.bucket_cap_mb() * 1024 * 1024);
+  ro.first_bucket_cap_bytes = std::min<int64_t>(ro.first_bucket_cap_bytes, ro.bucket_cap_bytes);
+  ro.find_unused_parameters = options_.find_unused_parameters();
+  ro.comm_hook = options_.comm_hook();
+  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), group_, ro);
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+// Rank 0 broadcasts a description of its model; every rank compares it with its own and all ranks
+// agree on the verdict, so either all continue or all fail, each naming what it found.
+void DistributedDataParallel::check_same_model_on_all_ranks() {
+  std::string mine;
+  for (const auto& p : module_->named_parameters()) mine += describe("parameter", p.key(), p.value()) + "\n";
+  for (const auto& b : module_->named_buffers()) mine += describe("buffer", b.key(), b.value()) + "\n";
+
+  torch::Tensor length = torch::tensor({static_cast<int64_t>(mine.size())});
+  group_.broadcast(length);
+  torch::Tensor bytes = torch::zeros({length.item<int64_t>()}, torch::kUInt8);
+  if (group_.rank() == 0) std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  group_.broadcast(bytes);
+  const std::string theirs(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
+
+  std::string problem;
+  if (theirs != mine) {
+    auto a = lines_of(mine), b = lines_of(theirs);
+    size_t i = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+    problem = "rank " + std::to_string(group_.rank()) + " has " +
+              (i < a.size() ? a[i] : std::string("no more entries")) + " where rank 0 has " +
+              (i < b.size() ? b[i] : std::string("no more entries"));
+  }
+  torch::Tensor bad = torch::tensor({problem.empty() ? 0 : 1}, torch::kInt32);
+  group_.all_reduce(bad);
+  TORCH_CHECK(bad.item<int32_t>() == 0, "DistributedDataParallel: the model differs across ranks (",
+              bad.item<int32_t>(), " of ", group_.size(), " ranks disagree with rank 0). ",
+              problem.empty() ? "This rank matches rank 0; see the other ranks' errors." : problem,
+              ". Build the same model, with the same options, on every rank");
+}
+
+// One broadcast per dtype: the tensors are flattened into one buffer and copied back.
+void DistributedDataParallel::broadcast_from_rank0(const std::vector<torch::Tensor>& tensors) {
+  if (group_.size() == 1 || tensors.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;
+  for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+  for (auto& [dtype, group] : by_dtype) {
+    torch::Tensor flat = torch::utils::flatten_dense_tensors(group);
+    group_.broadcast(flat, 0);
+    auto parts = torch::utils::unflatten_dense_tensors(flat, group);
+    for (size_t i = 0; i < group.size(); ++i) group[i].copy_(parts[i]);
+  }
+}
+
+void DistributedDataParallel::pre_forward() {
+  if (options_.broadcast_buffers() && module_->is_training() && torch::GradMode::is_enabled())
+    broadcast_from_rank0(module_->buffers());
+}
+
+void DistributedDataParallel::post_forward(const torch::Tensor& out) {
+  if (torch::GradMode::is_enabled() && reducer_->sync()) reducer_->prepare_for_backward({out});
+}
+
+}  // namespace lockstep::parallel
