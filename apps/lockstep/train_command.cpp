@@ -43,7 +43,7 @@ Command add_train_command(CLI::App& app) {
 
   return {cmd, [o, quiet] {
             auto result = train::train(o->progress(!*quiet));
-            std::cout << result.summary_json() << std::endl;
+            if (result.rank == 0) std::cout << result.summary_json() << std::endl;
             return 0;
           }};
 }

@@ -10,10 +10,13 @@
 #include <iostream>
 
 #include "lockstep/core/process.h"
+#include "lockstep/core/world.h"
 #include "lockstep/data/distributed_sampler.h"
+#include "lockstep/dist/process_group.h"
 #include "lockstep/log/progress.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/models/zoo.h"
+#include "lockstep/parallel/distributed_data_parallel.h"
 
 namespace lockstep::train {
 namespace {
@@ -54,18 +57,23 @@ Splits load_data(const TrainOptions& o) {
   return s;
 }
 
-// Fraction of `ds` that `model` classifies correctly, in eval mode and without autograd.
-double evaluate(models::Classifier& model, const data::Dataset& ds) {
+// Fraction of `ds` that `model` classifies correctly, in eval mode and without autograd. With a
+// group, each rank scores a contiguous share of `ds` and the counts are summed.
+double evaluate(models::Classifier& model, const data::Dataset& ds, dist::ProcessGroup* group) {
   torch::NoGradGuard no_grad;
   model.eval();
+  const int64_t rank = group ? group->rank() : 0, world = group ? group->size() : 1;
+  const int64_t begin = ds.size() * rank / world, end = ds.size() * (rank + 1) / world;
   int64_t correct = 0;
-  for (int64_t start = 0; start < ds.size(); start += kEvalBatch) {
-    auto idx = torch::arange(start, std::min(start + kEvalBatch, ds.size()), torch::kInt64);
+  for (int64_t start = begin; start < end; start += kEvalBatch) {
+    auto idx = torch::arange(start, std::min(start + kEvalBatch, end), torch::kInt64);
     auto [x, y] = ds.batch(idx);
     correct += model.forward(x).argmax(1).eq(y).sum().item<int64_t>();
   }
   model.train();
-  return static_cast<double>(correct) / static_cast<double>(ds.size());
+  torch::Tensor counts = torch::tensor({correct}, torch::kInt64);
+  if (group) group->all_reduce(counts);
+  return static_cast<double>(counts.item<int64_t>()) / static_cast<double>(ds.size());
 }
 
 }  // namespace
@@ -105,14 +113,29 @@ TrainResult train(const TrainOptions& options) {
   torch::set_num_threads(static_cast<int>(result.threads));
   torch::manual_seed(options.seed());
 
+  // Under a launcher (WORLD_SIZE > 1) every rank trains a replica through DDP on its share of each
+  // global batch; rank 0 alone prints and writes files.
+  const WorldInfo world = world_from_env();
+  std::unique_ptr<dist::ProcessGroup> group;
+  if (world.world_size > 1) group = dist::init_process_group();
+  result.world_size = world.world_size;
+  result.rank = world.rank;
+  const bool leader = world.rank == 0;
+  const bool show_progress = options.progress() && leader;
+
   Splits data = load_data(options);
   std::shared_ptr<models::Classifier> model = models::make_model(options.model(), data.train.num_classes);
   model->train();
+  std::unique_ptr<parallel::DistributedDataParallel> ddp;
+  if (group) ddp = std::make_unique<parallel::DistributedDataParallel>(model, *group);
+  auto forward = [&](const torch::Tensor& x) { return ddp ? ddp->forward(x) : model->forward(x); };
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(options.lr())
                                                        .momentum(options.momentum())
                                                        .weight_decay(options.weight_decay()));
-  data::DistributedSampler sampler(
-      data.train.size(), data::DistributedSamplerOptions().seed(options.seed()));
+  data::DistributedSampler sampler(data.train.size(), data::DistributedSamplerOptions()
+                                                          .num_replicas(world.world_size)
+                                                          .rank(world.rank)
+                                                          .seed(options.seed()));
   const bool terminal = stdout_is_terminal();
 
   for (int64_t epoch = 0; epoch < options.epochs(); ++epoch) {
@@ -128,25 +151,26 @@ TrainResult train(const TrainOptions& options) {
       const int64_t b = std::min(options.batch_size(), n - start);
       auto [x, y] = data.train.batch(order.narrow(0, start, b));  // x (B, C, H, W), y (B)
       optimizer.zero_grad();
-      torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+      torch::Tensor loss = torch::nn::functional::cross_entropy(forward(x), y);
       loss.backward();
       optimizer.step();
       const double l = loss.item<double>();
       result.step_losses.push_back(l);
       loss_sum += l;
       ++steps;
-      if (options.progress()) progress.update(start + b, l);
+      if (show_progress) progress.update(start + b, l);
     }
-    if (options.progress()) progress.finish();
+    if (show_progress) progress.finish();
     EpochResult er;
     er.epoch = epoch + 1;
     er.train_s = seconds_since(t0);
     er.train_loss = loss_sum / static_cast<double>(steps);
-    er.test_acc = evaluate(*model, data.test);
+    if (group) er.train_loss = group->average(er.train_loss);
+    er.test_acc = evaluate(*model, data.test, group.get());
     result.train_s += er.train_s;
-    result.samples += n;
+    result.samples += n * world.world_size;  // every rank processes the same count (padding)
     result.epochs.push_back(er);
-    if (options.progress()) {
+    if (show_progress) {
       std::printf("epoch %lld/%lld done: train_loss %.4f test_acc %.4f (%.2f s)\n",
                   static_cast<long long>(er.epoch), static_cast<long long>(options.epochs()),
                   er.train_loss, er.test_acc, er.train_s);
@@ -156,7 +180,9 @@ TrainResult train(const TrainOptions& options) {
   result.samples_per_s = static_cast<double>(result.samples) / result.train_s;
   result.test_acc = result.epochs.back().test_acc;
   result.final_loss = result.epochs.back().train_loss;
-  if (!options.save_model().empty()) models::save_state_dict(*model, options.save_model());
+  if (group) result.samples_per_s = group->average(result.samples_per_s);  // smooths rank jitter
+  if (!options.save_model().empty() && leader) models::save_state_dict(*model, options.save_model());
+  if (group) group->barrier();  // nobody exits (tearing the group down) while rank 0 still writes
   result.peak_rss_mib = peak_rss_mib();
   return result;
 }

@@ -43,9 +43,10 @@ struct EpochResult {
 
 struct TrainResult {
   int64_t world_size = 1;
+  int64_t rank = 0;
   int64_t threads = 0;
-  int64_t samples = 0;          // training samples processed, all epochs
-  double samples_per_s = 0.0;
+  int64_t samples = 0;          // training samples processed by all ranks, all epochs
+  double samples_per_s = 0.0;   // global: all ranks' samples per second
   double train_s = 0.0;         // all epochs' training time, evaluation excluded
   double test_acc = 0.0;        // after the last epoch
   double final_loss = 0.0;      // mean training loss of the last epoch
@@ -59,7 +60,9 @@ struct TrainResult {
 };
 
 // Trains options.model() on options.data(), evaluating on the test split after each epoch.
-// Progress (when enabled) goes to stdout.
+// Under a launcher (WORLD_SIZE > 1 in the environment: lockstep run, torchrun, mpirun, srun) it
+// joins the process group and trains through DistributedDataParallel with a DistributedSampler;
+// losses and accuracy are averaged over ranks, and only rank 0 shows progress and writes files.
 TrainResult train(const TrainOptions& options);
 
 }  // namespace lockstep::train
