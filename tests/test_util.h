@@ -1,13 +1,27 @@
 #pragma once
 // Helpers shared by the test suite: scratch directories and running child commands.
 
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <random>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <c10/util/Exception.h>
 
@@ -81,5 +95,108 @@ inline std::string last_json_line(const std::string& text) {
   }
   return {};
 }
+
+// Polls `condition` until it holds or `timeout` passes; returns whether it held. For waiting on
+// another process, where there is nothing to block on.
+inline bool wait_until(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// The whole file, or "" when it cannot be read.
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// True while `pid` is a live process; a zombie (exited, not yet reaped by whoever adopted it) is
+// not alive.
+inline bool process_alive(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
+}
+
+// A port P such that P and P + 1 were both free a moment ago (`lockstep run` uses both).
+inline int free_port_pair() {
+  auto bindable = [](int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    return ok;
+  };
+  std::random_device random;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int port = 20000 + static_cast<int>(random() % 40000);
+    if (bindable(port) && bindable(port + 1)) return port;
+  }
+  return 0;
+}
+
+// A process started from `argv` (no shell), stdout and stderr both going to `output_path`, with
+// `extra_env` (NAME=VALUE) added to this process's environment. Killed and reaped if it still runs
+// when the object dies, so a failing test leaves nothing behind.
+class ChildProcess {
+ public:
+  ChildProcess(const std::vector<std::string>& argv, const std::string& output_path,
+               const std::vector<std::string>& extra_env = {}) {
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+    env_strings.insert(env_strings.end(), extra_env.begin(), extra_env.end());
+    std::vector<char*> env;
+    for (const std::string& e : env_strings) env.push_back(const_cast<char*>(e.c_str()));
+    env.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    ::posix_spawn_file_actions_init(&actions);
+    ::posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, output_path.c_str(),
+                                       O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    if (::posix_spawnp(&pid_, args[0], &actions, nullptr, args.data(), env.data()) != 0) pid_ = -1;
+    ::posix_spawn_file_actions_destroy(&actions);
+  }
+  ~ChildProcess() {
+    if (pid_ > 0 && !status_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+
+  // The exit code, or 128 + signal, once the process has ended; nullopt if it still runs after
+  // `timeout`.
+  std::optional<int> wait_for(std::chrono::milliseconds timeout) {
+    wait_until(
+        [this] {
+          int status = 0;
+          if (status_ || pid_ <= 0) return true;
+          if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+          status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          return true;
+        },
+        timeout);
+    return status_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> status_;
+};
 
 }  // namespace lockstep::testing

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -38,14 +39,15 @@ Rendezvous::Rendezvous(RendezvousOptions options) : options_(std::move(options))
   store_options.port = static_cast<uint16_t>(options_.master_port() + kRendezvousPortOffset);
   store_options.isServer = options_.node_rank() == 0;
   store_options.waitWorkers = false;  // join() counts nodes itself, to say which are missing
-  store_options.timeout = options_.timeout();
+  // c10d counts the connect timeout in whole seconds and gives up at once below one.
+  store_options.timeout = std::max<milliseconds>(options_.timeout(), std::chrono::seconds(1));
   try {
     store_ = c10::make_intrusive<c10d::TCPStore>(options_.master_addr(), store_options);
   } catch (const std::exception& e) {
     if (options_.node_rank() == 0)
       TORCH_CHECK(false, "node 0 cannot host the launchers' rendezvous on port ", store_options.port,
-                  " (--master-port + 1; see the README): ", e.what(),
-                  "; pick a --master-port whose next port is free");
+                  " (--master-port + 1; see the README); pick a --master-port whose next port is free (c10d: ",
+                  e.what(), ")");
     TORCH_CHECK(false, "rendezvous timed out after ", seconds(options_.timeout()), " s: node ",
                 options_.node_rank(), " could not reach node 0's launcher at ", endpoint(),
                 " (0 of ", options_.nnodes(), " nodes seen from here); start node 0 with the same ",

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
@@ -149,15 +150,20 @@ void WorkerGroup::spawn(Worker& w, const std::string& executable, const std::vec
   const std::string exec_error = "lockstep run: cannot execute " + executable + ": ";
   const pid_t parent = ::getpid();
 
+  // Signals stay blocked across fork until the child has dropped the launcher's handlers: a SIGTERM
+  // that arrives in between must kill the child, not run the launcher's handler inside it.
+  sigset_t all;
+  sigset_t previous;
+  ::sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &previous);
   const pid_t pid = ::fork();
-  TORCH_CHECK(pid >= 0, "cannot start rank ", w.spec.rank, ": fork failed: ", os_error(errno));
   if (pid == 0) {
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl took effect
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) ::sigaction(sig, &dfl, nullptr);
+    for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);  // fails for KILL, STOP
     sigset_t none;
     ::sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -174,6 +180,9 @@ void WorkerGroup::spawn(Worker& w, const std::string& executable, const std::vec
     ::write(STDERR_FILENO, "\n", 1);
     ::_exit(127);
   }
+  const int fork_error = errno;
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  TORCH_CHECK(pid >= 0, "cannot start rank ", w.spec.rank, ": fork failed: ", os_error(fork_error));
   // Also from the parent, so that signalling the group cannot race the child's own setpgid.
   ::setpgid(pid, pid);
   w.pid = pid;

@@ -1,0 +1,230 @@
+// Several launchers forming one job, as on several nodes: on loopback, and in two network
+// namespaces joined by a veth pair when this process may create them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "../test_util.h"
+
+namespace lockstep {
+namespace {
+
+using std::chrono::seconds;
+using testing::ChildProcess;
+using testing::TempDir;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Every rank adds rank + 1 with Gloo over the workers' MASTER_ADDR/MASTER_PORT: proof that the
+// variables describe a working group and that the launchers' own store does not take the port.
+constexpr const char* kGlooAllReduce = R"(
+import datetime, os, torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+t = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(t)
+print("rank", dist.get_rank(), "of", dist.get_world_size(), "sum", int(t.item()))
+dist.destroy_process_group()
+)";
+
+struct NodeResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Starts one launcher per entry of `prefixes` (a command to run it under, e.g. `ip netns exec NS`)
+// as node 0, 1, ... with `common` options, and waits for all of them.
+std::vector<NodeResult> run_nodes(const TempDir& dir, const std::vector<std::vector<std::string>>& prefixes,
+                                  const std::vector<std::string>& common,
+                                  const std::vector<std::vector<std::string>>& env = {}) {
+  std::vector<std::unique_ptr<ChildProcess>> launchers;
+  for (size_t n = 0; n < prefixes.size(); ++n) {
+    std::vector<std::string> argv = prefixes[n];
+    argv.insert(argv.end(), {LOCKSTEP_CLI, "run", "--nnodes", std::to_string(prefixes.size()), "--node-rank",
+                             std::to_string(n)});
+    argv.insert(argv.end(), common.begin(), common.end());
+    launchers.push_back(std::make_unique<ChildProcess>(argv, dir / ("node" + std::to_string(n) + ".out"),
+                                                       n < env.size() ? env[n] : std::vector<std::string>{}));
+  }
+  std::vector<NodeResult> results;
+  for (size_t n = 0; n < launchers.size(); ++n) {
+    NodeResult r;
+    r.exit_code = launchers[n]->wait_for(seconds(30)).value_or(-1);
+    r.output = testing::read_text(dir / ("node" + std::to_string(n) + ".out"));
+    results.push_back(r);
+  }
+  return results;
+}
+
+std::vector<std::string> rank_lines(const std::vector<NodeResult>& nodes) {
+  std::vector<std::string> out;
+  for (const NodeResult& node : nodes) {
+    std::istringstream in(node.output);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("[rank", 0) == 0) out.push_back(line);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> options(int port, std::vector<std::string> rest) {
+  std::vector<std::string> o{"--master-port", std::to_string(port), "--nproc-per-node", "2", "--rdzv-timeout", "20"};
+  o.insert(o.end(), rest.begin(), rest.end());
+  return o;
+}
+
+TEST(MultiNode, TwoLaunchersOnLoopbackGiveRanksZeroToThree) {
+  TempDir dir;
+  const int port = testing::free_port_pair();
+  ASSERT_NE(port, 0);
+  auto nodes = run_nodes(dir, {{}, {}},
+                         options(port, {"--", "sh", "-c", "echo $RANK $WORLD_SIZE $GROUP_RANK $LOCAL_RANK"}));
+  ASSERT_EQ(nodes[0].exit_code, 0) << nodes[0].output;
+  ASSERT_EQ(nodes[1].exit_code, 0) << nodes[1].output;
+  EXPECT_THAT(rank_lines(nodes), ElementsAre("[rank 0] 0 4 0 0", "[rank 1] 1 4 0 1", "[rank 2] 2 4 1 0",
+                                             "[rank 3] 3 4 1 1"));
+}
+
+TEST(MultiNode, WorkersOfTwoLaunchersFormOneGlooGroup) {
+  const std::string python = testing::python_with_torch();
+  if (python.empty()) GTEST_SKIP() << "python3 with torch is not installed (scripts/bootstrap --test)";
+  TempDir dir;
+  const int port = testing::free_port_pair();
+  ASSERT_NE(port, 0);
+  auto nodes = run_nodes(dir, {{}, {}}, options(port, {"--", python, "-c", kGlooAllReduce}));
+  ASSERT_EQ(nodes[0].exit_code, 0) << nodes[0].output;
+  ASSERT_EQ(nodes[1].exit_code, 0) << nodes[1].output;
+  EXPECT_THAT(rank_lines(nodes), ElementsAre("[rank 0] rank 0 of 4 sum 10", "[rank 1] rank 1 of 4 sum 10",
+                                             "[rank 2] rank 2 of 4 sum 10", "[rank 3] rank 3 of 4 sum 10"));
+}
+
+TEST(MultiNode, FailureOnOneNodeStopsTheOther) {
+  TempDir dir;
+  const int port = testing::free_port_pair();
+  ASSERT_NE(port, 0);
+  // Rank 3 (node 1) fails once all four ranks are up; the others would wait for a minute.
+  const std::string script = "echo $$ > " + dir.path() + "/pid.$RANK; "
+                             "if [ $RANK = 3 ]; then "
+                             "  while [ $(ls " + dir.path() + " | grep -c '^pid') -lt 4 ]; do sleep 0.02; done; "
+                             "  exit 3; "
+                             "fi; exec sleep 60";
+  const auto start = std::chrono::steady_clock::now();
+  auto nodes = run_nodes(dir, {{}, {}}, options(port, {"--grace-period", "1", "--", "sh", "-c", script}));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  EXPECT_EQ(nodes[1].exit_code, 1) << nodes[1].output;
+  EXPECT_THAT(nodes[1].output, HasSubstr("rank 3 (node 1, local rank 1, pid "));
+  EXPECT_EQ(nodes[0].exit_code, 1) << nodes[0].output;
+  EXPECT_THAT(nodes[0].output, HasSubstr("another node failed: rank 3 (node 1, local rank 1"));
+  EXPECT_THAT(nodes[0].output, HasSubstr("exited with code 3"));
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 4; ++r) pids.push_back(std::stoi(testing::read_text(dir / ("pid." + std::to_string(r)))));
+  EXPECT_TRUE(testing::wait_until(
+      [&] { return std::none_of(pids.begin(), pids.end(), testing::process_alive); }, seconds(2)));
+}
+
+TEST(MultiNode, RestartAfterAFailureRestartsEveryNode) {
+  TempDir dir;
+  const int port = testing::free_port_pair();
+  ASSERT_NE(port, 0);
+  auto nodes = run_nodes(dir, {{}, {}},
+                         options(port, {"--max-restarts", "1", "--", "sh", "-c",
+                                        "if [ $LOCKSTEP_RESTART_COUNT = 0 ] && [ $RANK = 3 ]; then exit 3; fi; "
+                                        "echo $RANK of $WORLD_SIZE attempt $LOCKSTEP_RESTART_COUNT"}));
+  for (const NodeResult& node : nodes) {
+    EXPECT_EQ(node.exit_code, 0) << node.output;
+    EXPECT_THAT(node.output, HasSubstr("restarting the worker group (restart 1 of 1)"));
+    EXPECT_THAT(node.output, HasSubstr("all 4 workers finished successfully after 1 restart\n"));
+  }
+  EXPECT_THAT(rank_lines(nodes), ::testing::IsSupersetOf({"[rank 0] 0 of 4 attempt 1", "[rank 1] 1 of 4 attempt 1",
+                                                          "[rank 2] 2 of 4 attempt 1", "[rank 3] 3 of 4 attempt 1"}));
+}
+
+// Two network namespaces, each a "node" with its own address, joined by a veth pair. Removed (with
+// the veth pair) when the object dies.
+class NamespacePair {
+ public:
+  NamespacePair() {
+    const std::string id = std::to_string(::getpid() % 100000);
+    names_ = {"lockstep-a-" + id, "lockstep-b-" + id};
+    devices_ = {"lsa" + id, "lsb" + id};  // interface names are at most 15 characters
+    const std::vector<std::string> steps{
+        "ip netns add " + names_[0],
+        "ip netns add " + names_[1],
+        "ip link add " + devices_[0] + " type veth peer name " + devices_[1],
+        "ip link set " + devices_[0] + " netns " + names_[0],
+        "ip link set " + devices_[1] + " netns " + names_[1],
+        "ip -n " + names_[0] + " addr add " + kAddresses[0] + "/24 dev " + devices_[0],
+        "ip -n " + names_[1] + " addr add " + kAddresses[1] + "/24 dev " + devices_[1],
+        "ip -n " + names_[0] + " link set lo up",
+        "ip -n " + names_[1] + " link set lo up",
+        "ip -n " + names_[0] + " link set " + devices_[0] + " up",
+        "ip -n " + names_[1] + " link set " + devices_[1] + " up",
+        "ip netns exec " + names_[0] + " true",
+    };
+    for (const std::string& step : steps) {
+      testing::CommandResult r = testing::run_command(step);
+      if (r.exit_code != 0) {
+        error_ = "`" + step + "` failed (exit " + std::to_string(r.exit_code) + "): " + r.output;
+        return;
+      }
+    }
+  }
+  ~NamespacePair() {
+    for (const std::string& name : names_) testing::run_command("ip netns del " + name);
+  }
+  NamespacePair(const NamespacePair&) = delete;
+  NamespacePair& operator=(const NamespacePair&) = delete;
+
+  // Empty when both namespaces are up; otherwise the step that failed and why.
+  const std::string& error() const { return error_; }
+  std::vector<std::string> exec(int node) const { return {"ip", "netns", "exec", names_[node]}; }
+  const std::string& device(int node) const { return devices_[node]; }
+
+  static constexpr const char* kAddresses[2] = {"10.231.77.1", "10.231.77.2"};
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<std::string> devices_;
+  std::string error_;
+};
+
+// Why network namespaces cannot be made here, or "" when they can.
+std::string namespaces_unavailable() {
+  if (::geteuid() != 0) return "not root: creating network namespaces needs CAP_SYS_ADMIN";
+  if (testing::run_command("command -v ip").exit_code != 0)
+    return "`ip` not found: install iproute2 (scripts/bootstrap --test)";
+  return "";
+}
+
+TEST(MultiNode, TwoNetworkNamespacesJoinedByVethFormOneJob) {
+  if (const std::string why = namespaces_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  NamespacePair ns;
+  if (!ns.error().empty()) GTEST_SKIP() << "cannot create network namespaces here: " << ns.error();
+  TempDir dir;
+  const std::string master = NamespacePair::kAddresses[0];
+  // Fresh namespaces have every port free, so PyTorch's default port is safe.
+  const std::string python = testing::python_with_torch();
+  const std::vector<std::string> program =
+      python.empty() ? std::vector<std::string>{"sh", "-c", "echo rank $RANK of $WORLD_SIZE"}
+                     : std::vector<std::string>{python, "-c", kGlooAllReduce};
+  std::vector<std::string> common{"--master-addr", master, "--master-port", "29500", "--nproc-per-node", "2",
+                                  "--rdzv-timeout", "20", "--"};
+  common.insert(common.end(), program.begin(), program.end());
+  // Gloo picks its interface by host name otherwise, which resolves outside the namespaces.
+  auto nodes = run_nodes(dir, {ns.exec(0), ns.exec(1)}, common,
+                         {{"GLOO_SOCKET_IFNAME=" + ns.device(0)}, {"GLOO_SOCKET_IFNAME=" + ns.device(1)}});
+  ASSERT_EQ(nodes[0].exit_code, 0) << nodes[0].output;
+  ASSERT_EQ(nodes[1].exit_code, 0) << nodes[1].output;
+  const std::vector<std::string> lines = rank_lines(nodes);
+  ASSERT_EQ(lines.size(), 4u) << nodes[0].output << nodes[1].output;
+  for (int r = 0; r < 4; ++r) {
+    const std::string expected = "[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " of 4";
+    EXPECT_EQ(lines[r].substr(0, expected.size()), expected);
+    if (!python.empty()) EXPECT_THAT(lines[r], ::testing::EndsWith("sum 10"));
+  }
+}
+
+}  // namespace
+}  // namespace lockstep
