@@ -276,8 +276,9 @@ int Launcher::run() {
 
     switch (outcome.kind) {
       case RoundOutcome::Kind::kSucceeded:
-        say("all " + plural(assignment.world_size, "worker") + " finished successfully after " +
-            plural(restart, "restart"));
+        say((assignment.world_size == 1 ? std::string("the worker")
+                                          : "all " + plural(assignment.world_size, "worker")) +
+            " finished successfully after " + plural(restart, "restart"));
         return 0;
       case RoundOutcome::Kind::kSignalled:
         return 128 + outcome.signal;
