@@ -7,15 +7,11 @@
 #include "lockstep/models/resnet.h"
 
 namespace lockstep::models {
-namespace {
-
-void check_known(const std::string& name) {
+void check_model_name(const std::string& name) {
   const auto& names = model_names();
   TORCH_CHECK_VALUE(std::find(names.begin(), names.end(), name) != names.end(), "unknown model '",
                     name, "'; choose one of: ", c10::Join(", ", names));
 }
-
-}  // namespace
 
 const std::vector<std::string>& model_names() {
   static const std::vector<std::string> names{"convnet", "mlp", "resnet18"};
@@ -23,13 +19,13 @@ const std::vector<std::string>& model_names() {
 }
 
 std::vector<int64_t> input_shape(const std::string& name) {
-  check_known(name);
+  check_model_name(name);
   if (name == "resnet18") return {3, 32, 32};
   return {1, 28, 28};
 }
 
 std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_classes) {
-  check_known(name);
+  check_model_name(name);
   TORCH_CHECK_VALUE(num_classes >= 1, "num_classes=", num_classes, " must be at least 1");
   if (name == "convnet") return std::make_shared<ConvNetImpl>(num_classes);
   if (name == "mlp") return std::make_shared<MLPImpl>(784, 256, num_classes);

@@ -32,6 +32,7 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
                     options_.bucket_cap_bytes, " bytes");
   const int64_t n = static_cast<int64_t>(params_.size());
   bucket_of_.assign(n, -1);
+  slot_of_.assign(n, -1);
   ready_.assign(n, false);
   unused_.assign(n, false);
   locally_used_ = torch::zeros({n}, torch::kInt32);
@@ -45,7 +46,10 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
     int64_t numel = 0;
     for (int64_t i : b.params) numel += params_[i].numel();
     b.flat = torch::zeros({numel}, params_[b.params[0]].options());
-    for (int64_t i : b.params) bucket_of_[i] = static_cast<int64_t>(buckets_.size());
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      bucket_of_[b.params[s]] = static_cast<int64_t>(buckets_.size());
+      slot_of_[b.params[s]] = static_cast<int64_t>(s);
+    }
     buckets_.push_back(std::move(b));
     open.erase(dtype);
     open_bytes.erase(dtype);
@@ -128,12 +132,12 @@ void Reducer::mark_ready(int64_t index, bool used) {
   if (ready_[index]) return;
   ready_[index] = true;
   Bucket& b = buckets_[bucket_of_[index]];
-  const size_t slot = std::find(b.params.begin(), b.params.end(), index) - b.params.begin();
+  const int64_t slot = slot_of_[index];
   torch::Tensor dst = b.flat.narrow(0, b.offsets[slot], params_[index].numel());
   const torch::Tensor& grad = params_[index].grad();
   if (used && grad.defined()) {
     dst.copy_(grad.reshape(-1));
-    locally_used_[index] = 1;
+    locally_used_.data_ptr<int32_t>()[index] = 1;
   } else {
     dst.zero_();
   }

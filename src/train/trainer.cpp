@@ -1,6 +1,5 @@
 #include "lockstep/train/trainer.h"
 
-#include <c10/util/StringUtil.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -79,9 +78,7 @@ double evaluate(models::Classifier& model, const data::Dataset& ds, dist::Proces
 }  // namespace
 
 void TrainOptions::validate() const {
-  const auto& names = models::model_names();
-  TORCH_CHECK_VALUE(std::find(names.begin(), names.end(), model()) != names.end(),
-                    "unknown model '", model(), "'; choose one of: ", c10::Join(", ", names));
+  models::check_model_name(model());
   TORCH_CHECK_VALUE(data() == "fashion-mnist" || data() == "synthetic", "unknown data '", data(),
                     "'; choose fashion-mnist or synthetic");
   TORCH_CHECK_VALUE(limit() >= 0, "limit=", limit(), " must be >= 0 (0 means all samples)");

@@ -48,21 +48,27 @@ torch::optim::SGD sgd(torch::nn::Module& m) {
   return torch::optim::SGD(m.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 
+// The single-process reference: a copy of `initial` after `steps` SGD steps of `batch` samples each,
+// taken in order from `d`.
+std::shared_ptr<models::MLPImpl> train_reference(const models::MLPImpl& initial, const Data& d,
+                                                 int64_t steps, int64_t batch) {
+  auto model = std::make_shared<models::MLPImpl>();
+  copy_state(initial, *model);
+  auto opt = sgd(*model);
+  for (int64_t k = 0; k < steps; ++k) {
+    opt.zero_grad();
+    F::cross_entropy(model->forward(d.x.narrow(0, k * batch, batch)), d.y.narrow(0, k * batch, batch)).backward();
+    opt.step();
+  }
+  return model;
+}
+
 // 2 ranks x batch B for K steps == 1 process x batch 2B over the same samples in the same order.
 TEST(DistributedDataParallel, TwoRanksEqualOneProcessWithDoubleBatch) {
   constexpr int64_t kB = 16, kSteps = 5;
   const Data d = random_data(2 * kB * kSteps, 1);
-  auto reference = std::make_shared<models::MLPImpl>();
   auto initial = std::make_shared<models::MLPImpl>();
-  copy_state(*reference, *initial);
-  {
-    auto opt = sgd(*reference);
-    for (int64_t k = 0; k < kSteps; ++k) {
-      opt.zero_grad();
-      F::cross_entropy(reference->forward(d.x.narrow(0, k * 2 * kB, 2 * kB)), d.y.narrow(0, k * 2 * kB, 2 * kB)).backward();
-      opt.step();
-    }
-  }
+  auto reference = train_reference(*initial, d, kSteps, 2 * kB);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     auto model = std::make_shared<models::MLPImpl>();
     if (rank == 0) copy_state(*initial, *model);  // rank 1 starts elsewhere: DDP broadcasts rank 0's
@@ -120,15 +126,8 @@ TEST(DistributedDataParallel, FirstBucketStartsBeforeBackwardFinishes) {
 TEST(DistributedDataParallel, NoSyncAccumulationEqualsOneLargeBatch) {
   constexpr int64_t kB = 8, kMicro = 3;
   const Data d = random_data(2 * kB * kMicro, 4);
-  auto reference = std::make_shared<models::MLPImpl>();
   auto initial = std::make_shared<models::MLPImpl>();
-  copy_state(*reference, *initial);
-  {
-    auto opt = sgd(*reference);
-    opt.zero_grad();
-    F::cross_entropy(reference->forward(d.x), d.y).backward();
-    opt.step();
-  }
+  auto reference = train_reference(*initial, d, /*steps=*/1, /*batch=*/2 * kB * kMicro);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     auto model = std::make_shared<models::MLPImpl>();
     copy_state(*initial, *model);

@@ -11,6 +11,9 @@ namespace lockstep::models {
 // The reference models by name: "convnet", "mlp", "resnet18".
 const std::vector<std::string>& model_names();
 
+// Throws c10::ValueError naming `name` and the known names when it is not a reference model.
+void check_model_name(const std::string& name);
+
 // The (C, H, W) input shape a reference model expects.
 std::vector<int64_t> input_shape(const std::string& name);
 

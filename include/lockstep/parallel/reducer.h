@@ -83,6 +83,7 @@ class Reducer {
   ReducerOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<int64_t> bucket_of_;  // per parameter
+  std::vector<int64_t> slot_of_;    // per parameter: its position within its bucket
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: they hold our hooks
   std::vector<uintptr_t> hook_keys_;
 
