@@ -7,9 +7,29 @@
 #include "commands.h"
 #include "lockstep/core/process.h"
 #include "lockstep/models/zoo.h"
+#include "lockstep/train/lr_schedule.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::cli {
+
+namespace {
+
+// "S" or "S@R": step S (0-based) on rank R (default 0).
+void parse_injection(const std::string& text, train::TrainOptions& o) {
+  const auto at = text.find('@');
+  bool ok = true;
+  try {
+    size_t used = 0;
+    o.inject_nan_step(std::stoll(text.substr(0, at), &used));
+    ok = used == (at == std::string::npos ? text.size() : at);
+    if (at != std::string::npos) o.inject_nan_rank(std::stoll(text.substr(at + 1)));
+  } catch (const std::logic_error&) {
+    ok = false;
+  }
+  TORCH_CHECK_VALUE(ok, "--inject-nan '", text, "' is not STEP or STEP@RANK (e.g. 5@1)");
+}
+
+}  // namespace
 
 Command add_train_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train a reference model; prints one JSON summary line last");
@@ -40,10 +60,69 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--save-model", o->save_model(),
                   "Write the final state dict here (readable by Python's torch.load)");
   cmd->add_flag("--quiet", *quiet, "No progress display (the JSON summary is still printed)");
+  cmd->add_flag("--deterministic", o->deterministic(), "Use only LibTorch's deterministic algorithms");
+  cmd->add_option("--log-jsonl", o->log_jsonl(), "Append one JSON line per logged step and per epoch to FILE");
+  cmd->add_option("--log-every", o->log_every(), "Optimizer steps between logged steps")->check(CLI::PositiveNumber);
 
-  return {cmd, [o, quiet] {
+  cmd->add_option("--tensorboard", o->tensorboard(), "Write TensorBoard event files (scalars) to DIR");
+  cmd->add_flag("--profile", o->profile(), "Print each step phase's mean time and share of the step at the end");
+  cmd->add_option("--trace", o->trace(), "Write the step phases as a Chrome trace (chrome://tracing, Perfetto)");
+
+  auto* lr = "Learning rate";
+  cmd->add_option("--lr-schedule", o->lr_schedule(), "Learning-rate schedule by optimizer step")
+      ->check(CLI::IsMember(train::lr_schedule_names()))->group(lr);
+  cmd->add_option("--warmup-steps", o->warmup_steps(), "Linear warmup over the first N optimizer steps")
+      ->check(CLI::NonNegativeNumber)->group(lr);
+  cmd->add_option("--scale-lr", o->scale_lr(), "Scale --lr by world size x accum steps: none, linear or sqrt")
+      ->check(CLI::IsMember(train::lr_scale_rule_names()))->group(lr);
+  cmd->add_option("--lr-step-size", o->lr_step_size(), "step schedule: decay every N optimizer steps")
+      ->check(CLI::NonNegativeNumber)->group(lr);
+  cmd->add_option("--lr-gamma", o->lr_gamma(), "step and multistep schedules: decay factor")->group(lr);
+  cmd->add_option("--lr-milestones", o->lr_milestones(), "multistep schedule: optimizer steps at which to decay")
+      ->delimiter(',')->group(lr);
+
+  auto* mp = "Mixed precision";
+  cmd->add_option("--precision", o->precision(), "fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->group(mp);
+  cmd->add_option("--opt-level", o->opt_level(), "Apex opt level O0-O3 (default: O0 for fp32, O1 otherwise)")
+      ->check(CLI::IsMember({"O0", "O1", "O2", "O3"}))->group(mp);
+  cmd->add_option("--loss-scale", o->loss_scale(), "dynamic or a fixed number (default: dynamic at O1/O2, none at O0/O3)")
+      ->group(mp);
+  cmd->add_flag("--report-memory", o->report_memory(), "Every rank prints its parameter, gradient and optimizer bytes")
+      ->group(mp);
+
+  auto* ckpt = "Checkpoints";
+  cmd->add_option("--checkpoint-dir", o->checkpoint_dir(), "Write checkpoints (step-N.pt) here, at each epoch end")
+      ->group(ckpt);
+  cmd->add_option("--save-every", o->save_every(), "Also checkpoint every N optimizer steps (0: epoch ends only)")
+      ->check(CLI::NonNegativeNumber)->group(ckpt);
+  cmd->add_option("--keep-last", o->keep_last(), "Keep only the newest K checkpoints (0: all)")
+      ->check(CLI::NonNegativeNumber)->group(ckpt);
+  cmd->add_option("--resume", o->resume(),
+                  "Continue from a checkpoint file, the newest in a directory, or 'latest' in --checkpoint-dir")
+      ->group(ckpt);
+  cmd->add_option("--init-weights", o->init_weights(),
+                  "Start from a state dict (--save-model or Python's torch.save(model.state_dict()))")
+      ->group(ckpt);
+
+  auto* step = "Optimizer step";
+  cmd->add_option("--accum-steps", o->accum_steps(), "Micro-batches per optimizer step (gradient accumulation)")
+      ->check(CLI::PositiveNumber)->group(step);
+  cmd->add_option("--clip-value", o->clip_value(), "Clamp each gradient element to [-V, V] (0: off)")
+      ->check(CLI::NonNegativeNumber)->group(step);
+  cmd->add_option("--clip-norm", o->clip_norm(), "Scale gradients to total L2 norm at most N, after --clip-value (0: off)")
+      ->check(CLI::NonNegativeNumber)->group(step);
+  cmd->add_option("--max-skipped-steps", o->max_skipped_steps(),
+                  "Abort after this many consecutive steps with a non-finite loss or gradient")
+      ->check(CLI::PositiveNumber)->group(step);
+  auto inject = std::make_shared<std::string>();
+  cmd->add_option("--inject-nan", *inject, "Testing: make step S's loss NaN on rank R (S or S@R, S 0-based)")
+      ->group(step);
+
+  return {cmd, [o, quiet, inject] {
+            if (!inject->empty()) parse_injection(*inject, *o);
             auto result = train::train(o->progress(!*quiet));
-            if (result.rank == 0) std::cout << result.summary_json() << std::endl;
+            if (result.rank == 0) std::cout << result.profile << result.summary_json() << std::endl;
             return 0;
           }};
 }

@@ -16,6 +16,12 @@
 namespace lockstep::dist {
 namespace {
 
+// Gloo has no bf16 type; collectives that only move bits (broadcast, all-gather) send bf16 as
+// Half, the same 16-bit words. Reductions cannot: see the reducer's bf16 path.
+torch::Tensor as_wire_words(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t;
+}
+
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kArrivedKey = "lockstep/arrived";
@@ -131,7 +137,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(torch::Tensor& ten
 
 void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
   TORCH_CHECK_VALUE(root >= 0 && root < size_, "broadcast root ", root, " is not a rank of a group of ", size_);
-  std::vector<torch::Tensor> ts{tensor};
+  std::vector<torch::Tensor> ts{as_wire_words(tensor)};
   c10d::BroadcastOptions o;
   o.rootRank = root;
   wait(backend_->broadcast(ts, o), "broadcast");
@@ -141,8 +147,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::all_gather_async(const torch::Tenso
                                                               std::vector<torch::Tensor>& out) {
   out.clear();
   for (int64_t r = 0; r < size_; ++r) out.push_back(torch::empty_like(tensor));
-  std::vector<torch::Tensor> in{tensor};
-  std::vector<std::vector<torch::Tensor>> outs{out};  // shares storage with `out`
+  std::vector<torch::Tensor> in{as_wire_words(tensor)};
+  std::vector<std::vector<torch::Tensor>> outs(1);  // views sharing storage with `out`
+  for (const auto& t : out) outs[0].push_back(as_wire_words(t));
   return backend_->allgather(outs, in);
 }
 

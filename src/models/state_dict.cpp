@@ -2,9 +2,21 @@
 
 #include <torch/serialize.h>
 
+#include <map>
+#include <set>
+
 #include "lockstep/core/atomic_file.h"
 
 namespace lockstep::models {
+namespace {
+
+constexpr const char* kDdpPrefix = "module.";
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+}  // namespace
 
 std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::Module& model) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
@@ -18,10 +30,67 @@ std::vector<std::pair<std::string, torch::Tensor>> state_dict(const torch::nn::M
   return out;
 }
 
-void save_state_dict(const torch::nn::Module& model, const std::string& path) {
+c10::Dict<std::string, torch::Tensor> state_dict_to_dict(const torch::nn::Module& model) {
   c10::Dict<std::string, torch::Tensor> dict;  // keeps insertion order, as Python's OrderedDict
   for (auto& [key, tensor] : state_dict(model)) dict.insert(key, tensor.detach().cpu());
-  write_file_atomic(path, torch::pickle_save(dict));
+  return dict;
+}
+
+void save_state_dict(const torch::nn::Module& model, const std::string& path) {
+  write_file_atomic(path, torch::pickle_save(state_dict_to_dict(model)));
+}
+
+void load_state_dict(torch::nn::Module& model, const c10::IValue& dict, const std::string& source) {
+  TORCH_CHECK(dict.isGenericDict(), source, " is not a state dict (a dict of name -> tensor) but a ",
+              dict.tagKind());
+  std::map<std::string, torch::Tensor> given;
+  bool all_prefixed = true;
+  for (const auto& item : dict.toGenericDict()) {
+    TORCH_CHECK(item.key().isString() && item.value().isTensor(), source,
+                " is not a state dict: it has an entry that is not name -> tensor");
+    const std::string key = item.key().toStringRef();
+    all_prefixed = all_prefixed && starts_with(key, kDdpPrefix);
+    given.emplace(key, item.value().toTensor());
+  }
+  if (all_prefixed && !given.empty()) {  // saved from DDP's wrapper: drop "module."
+    std::map<std::string, torch::Tensor> stripped;
+    for (auto& [k, v] : given) stripped.emplace(k.substr(std::string(kDdpPrefix).size()), v);
+    given.swap(stripped);
+  }
+
+  auto own = state_dict(model);
+  std::set<std::string> own_keys;
+  std::vector<std::string> missing, unexpected;
+  for (const auto& [key, tensor] : own) {
+    own_keys.insert(key);
+    if (!given.count(key)) missing.push_back(key);
+  }
+  for (const auto& [key, tensor] : given)
+    if (!own_keys.count(key)) unexpected.push_back(key);
+  if (!missing.empty() || !unexpected.empty()) {
+    std::string msg;
+    for (const auto& k : missing) msg += (msg.empty() ? "" : ", ") + std::string("missing '") + k + "'";
+    for (const auto& k : unexpected) msg += (msg.empty() ? "" : ", ") + std::string("unexpected '") + k + "'";
+    TORCH_CHECK(false, source, " does not match the model's state dict: ", msg,
+                " (was it saved from a different model?)");
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [key, tensor] : own) {
+    const torch::Tensor& src = given.at(key);
+    TORCH_CHECK(src.sizes() == tensor.sizes(), source, ": '", key, "' has shape ", src.sizes(),
+                " but the model's has shape ", tensor.sizes());
+    tensor.copy_(src);
+  }
+}
+
+void load_state_dict_file(torch::nn::Module& model, const std::string& path) {
+  c10::IValue dict;
+  try {
+    dict = torch::pickle_load(read_file(path));
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "cannot load a state dict from '", path, "': ", e.what_without_backtrace());
+  }
+  load_state_dict(model, dict, "'" + path + "'");
 }
 
 }  // namespace lockstep::models

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <unordered_set>
 
 namespace lockstep::parallel {
@@ -164,6 +165,7 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::finalize() {
   std::lock_guard<std::mutex> lock(mutex_);
+  const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> missing;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (ready_[i]) continue;
@@ -211,6 +213,7 @@ void Reducer::finalize() {
     }
   }
   stats_.hooks = hooks_;
+  stats_.finalize_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   reset();
 }
 

@@ -58,11 +58,31 @@ void StepProfiler::record(Phase phase, Clock::time_point start, Clock::time_poin
   }
   const int64_t dur_ns = ns_between(start, end);
   step_ns_[static_cast<int>(phase)] += dur_ns;
-  if (static_cast<int64_t>(events_.size()) < options_.max_trace_events()) {
+  last_phase_ = phase;
+  last_dur_ns_ = dur_ns;
+  last_event_kept_ = static_cast<int64_t>(events_.size()) < options_.max_trace_events();
+  if (last_event_kept_) {
     events_.push_back({phase, steps_, ns_between(origin_, start), dur_ns});
   } else {
     ++dropped_events_;
   }
+}
+
+void StepProfiler::split_tail(Phase to, std::chrono::nanoseconds tail) {
+  if (!enabled() || !in_step_ || in_phase_) return;
+  const int64_t ns = std::min<int64_t>(std::max<int64_t>(0, tail.count()), last_dur_ns_);
+  step_ns_[static_cast<int>(last_phase_)] -= ns;
+  step_ns_[static_cast<int>(to)] += ns;
+  last_dur_ns_ -= ns;
+  if (!last_event_kept_) return;
+  Event& from = events_.back();
+  from.dur_ns -= ns;
+  if (static_cast<int64_t>(events_.size()) < options_.max_trace_events()) {
+    events_.push_back({to, steps_, from.start_ns + from.dur_ns, ns});
+  } else {
+    ++dropped_events_;
+  }
+  last_event_kept_ = false;  // a second split would take from `to`'s event, not the phase's
 }
 
 void StepProfiler::end_step() {

@@ -176,3 +176,46 @@ TEST(StepProfiler, RejectsNestedPhasesAndEndStepInsideAPhase) {
 
 }  // namespace
 }  // namespace lockstep::train
+
+namespace lockstep::train {
+namespace {
+
+// backward spins 3 ms; its last 1 ms is declared a sync wait: 2 ms backward + 1 ms sync, and the
+// trace shows sync starting where the shortened backward ends.
+TEST(StepProfiler, SplitTailMovesTheEndOfAPhaseToAnother) {
+  StepProfiler profiler;
+  for (int step = 0; step < 2; ++step) {
+    {
+      auto s = profiler.scope(Phase::kBackward);
+      spin(3.0);
+    }
+    profiler.split_tail(Phase::kSync, std::chrono::milliseconds(1));
+    profiler.end_step();
+  }
+  const ProfileSummary s = profiler.summary();
+  const double backward = s.phases[static_cast<int>(Phase::kBackward)].mean_ms;
+  EXPECT_EQ(s.phases[static_cast<int>(Phase::kSync)].mean_ms, 1.0);  // exactly what was split off
+  EXPECT_GE(backward, 2.0);
+  testing::TempDir dir;
+  profiler.write_chrome_trace(dir / "t.json", 0);
+  const auto events = nlohmann::json::parse(testing::read_text(dir / "t.json"))["traceEvents"];
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[1]["name"], "sync");
+  EXPECT_EQ(events[1]["dur"].get<double>(), 1000.0);
+  EXPECT_DOUBLE_EQ(events[0]["ts"].get<double>() + events[0]["dur"].get<double>(), events[1]["ts"].get<double>());
+
+  // More than the phase lasted is clamped to it; nothing happens outside a step.
+  StepProfiler clamp;
+  {
+    auto s = clamp.scope(Phase::kBackward);
+    spin(0.5);
+  }
+  clamp.split_tail(Phase::kSync, std::chrono::seconds(1));
+  clamp.end_step();
+  EXPECT_EQ(clamp.summary().phases[static_cast<int>(Phase::kBackward)].mean_ms, 0.0);
+  clamp.split_tail(Phase::kSync, std::chrono::seconds(1));
+  EXPECT_EQ(clamp.summary().steps, 1);
+}
+
+}  // namespace
+}  // namespace lockstep::train

@@ -2,10 +2,18 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
 #include "../test_util.h"
+#include "lockstep/core/atomic_file.h"
+#include "lockstep/train/lr_schedule.h"
 
 namespace lockstep::train {
 namespace {
@@ -59,7 +67,8 @@ TEST(Trainer, SummaryJsonHasTheDocumentedKeysInOrder) {
   r.peak_rss_mib = 300.04;
   EXPECT_EQ(r.summary_json(),
             R"({"world_size":1,"samples_per_s":1234.6,"train_s":1.5,"test_acc":0.8912,)"
-            R"("final_loss":0.25,"peak_rss_mib":300.0})");
+            R"("final_loss":0.25,"peak_rss_mib":300.0,"param_bytes":0,"grad_bytes":0,"optim_bytes":0,"steps":0,)"
+            R"("skipped_steps":0})");
 }
 
 TEST(Trainer, RejectsBadOptionsNamingTheValue) {
@@ -69,6 +78,11 @@ TEST(Trainer, RejectsBadOptionsNamingTheValue) {
   EXPECT_THAT(msg(TrainOptions().model("lenet")), HasSubstr("unknown model 'lenet'"));
   EXPECT_THAT(msg(TrainOptions().data("cifar")), HasSubstr("unknown data 'cifar'"));
   EXPECT_THAT(msg(TrainOptions().epochs(0)), HasSubstr("epochs=0"));
+  EXPECT_THAT(msg(TrainOptions().accum_steps(0)), HasSubstr("accum-steps=0"));
+  EXPECT_THAT(msg(TrainOptions().clip_norm(-1)), HasSubstr("clip-norm -1"));
+  EXPECT_THAT(msg(TrainOptions().save_every(5)), HasSubstr("need --checkpoint-dir"));
+  EXPECT_THAT(msg(TrainOptions().resume("latest")), HasSubstr("--resume latest needs --checkpoint-dir"));
+  EXPECT_THAT(msg(TrainOptions().resume("a").init_weights("b")), HasSubstr("pass one of them"));
   EXPECT_EQ(msg(TrainOptions()), "<no error>");
 }
 
@@ -76,6 +90,170 @@ TEST(Trainer, ResNetOnFashionMnistSuggestsSynthetic) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   EXPECT_THAT(testing::error_message([] { train(TrainOptions().model("resnet18").progress(false)); }),
               HasSubstr("--data synthetic"));
+}
+
+// Final parameters (by state-dict key) of a run that saved its model to `path`.
+std::vector<std::pair<std::string, torch::Tensor>> saved(const std::string& path) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& e : torch::pickle_load(read_file(path)).toGenericDict())
+    out.emplace_back(e.key().toStringRef(), e.value().toTensor());
+  return out;
+}
+
+TEST(Trainer, FourAccumulatedMicroBatchesEqualOneBatchFourTimesLarger) {
+  testing::TempDir dir;
+  auto run = TrainOptions().model("mlp").data("synthetic").limit(960).epochs(2).seed(4).progress(false);
+  TrainResult accumulated = train(TrainOptions(run).batch_size(30).accum_steps(4).save_model(dir / "a.pt"));
+  TrainResult large = train(TrainOptions(run).batch_size(120).save_model(dir / "b.pt"));
+  ASSERT_EQ(accumulated.step_losses.size(), 16u);  // 2 epochs x 960 / 120
+  ASSERT_EQ(large.step_losses.size(), 16u);
+  for (size_t i = 0; i < 16; ++i) EXPECT_NEAR(accumulated.step_losses[i], large.step_losses[i], 1e-5) << "step " << i;
+  auto a = saved(dir / "a.pt"), b = saved(dir / "b.pt");
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_LE((a[i].second - b[i].second).abs().max().item<double>(), 1e-5) << a[i].first;
+}
+
+// A run checkpointed mid-epoch and resumed from there ends exactly where an uninterrupted one does.
+TEST(Trainer, ResumingMidEpochContinuesBitForBit) {
+  testing::TempDir dir;
+  auto run = TrainOptions().model("convnet").data("synthetic").limit(400).batch_size(50).epochs(2).seed(8)
+                 .progress(false);
+  TrainResult straight = train(TrainOptions(run).save_model(dir / "straight.pt"));
+  train(TrainOptions(run).checkpoint_dir(dir / "ckpt").save_every(3));
+  // 8 steps per epoch: checkpoints at steps 3, 6, 9, 12, 15 and the epoch ends 8, 16. Step 12 is mid epoch 2.
+  ASSERT_TRUE(std::filesystem::exists(dir / "ckpt/step-00000012.pt"));
+  TrainResult resumed = train(TrainOptions(run).resume(dir / "ckpt/step-00000012.pt").save_model(dir / "resumed.pt"));
+  ASSERT_EQ(resumed.step_losses.size(), 4u);  // steps 13..16
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.step_losses[i], straight.step_losses[12 + i]) << "step " << 13 + i;
+  EXPECT_EQ(resumed.steps, 16);
+  EXPECT_EQ(resumed.final_loss, straight.final_loss);  // the epoch mean includes the steps before the resume
+  auto a = saved(dir / "straight.pt"), b = saved(dir / "resumed.pt");
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+}
+
+// A state dict written by Python's torch.save, with DDP's "module." prefix, starts training.
+TEST(Trainer, InitWeightsReadsPythonTorchSaveWithDdpPrefix) {
+  const std::string python = testing::python_with_torch();
+  if (python.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  testing::TempDir dir;
+  auto r = testing::run_command(
+      python + " -c \"import sys; sys.path.insert(0, '" LOCKSTEP_SOURCE_DIR "/tests/python'); import torch, "
+      "reference_models as m; torch.manual_seed(7); s = m.ConvNet().state_dict(); "
+      "torch.save({'module.' + k: v for k, v in s.items()}, '" + (dir / "py.pt") + "')\"");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // lr 0: the weights stay what Python wrote (batch norm's running statistics still move).
+  train(TrainOptions().model("convnet").data("synthetic").limit(50).batch_size(50).lr(0).progress(false)
+            .init_weights(dir / "py.pt").save_model(dir / "out.pt"));
+  auto ours = saved(dir / "out.pt");
+  auto theirs = torch::pickle_load(read_file(dir / "py.pt")).toGenericDict();
+  for (const auto& [key, tensor] : ours) {
+    if (key.find("running_") != std::string::npos || key.find("num_batches") != std::string::npos) continue;
+    EXPECT_TRUE(torch::equal(tensor, theirs.at("module." + key).toTensor())) << key;
+  }
+}
+
+// What --log-jsonl and --tensorboard record agree, read back by the independent TensorBoard reader;
+// the learning rates follow the warmup + cosine schedule.
+TEST(Trainer, TensorBoardAndJsonlRecordTheSameScalarsOnTheSchedule) {
+  testing::TempDir dir;
+  train(TrainOptions().model("mlp").data("synthetic").limit(400).batch_size(20).epochs(2).progress(false)
+            .lr_schedule("cosine").warmup_steps(5).log_every(4).log_jsonl(dir / "log.jsonl").tensorboard(dir / "tb"));
+  std::vector<nlohmann::json> steps, epochs;
+  std::istringstream lines(testing::read_text(dir / "log.jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    auto j = nlohmann::json::parse(line);
+    (j["event"] == "step" ? steps : epochs).push_back(j);
+  }
+  ASSERT_EQ(steps.size(), 10u);  // 40 steps, every 4th
+  ASSERT_EQ(epochs.size(), 2u);
+  const LrSchedule schedule(LrScheduleOptions(0.02).kind("cosine").warmup_steps(5).total_steps(40));
+  for (const auto& j : steps)  // the lr the logged step used
+    EXPECT_DOUBLE_EQ(j["lr"].get<double>(), schedule.lr_at(j["step"].get<int64_t>() - 1)) << j.dump();
+
+  std::string tb_file;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "tb")) tb_file = e.path().string();
+  auto r = testing::run_command("python3 " LOCKSTEP_SOURCE_DIR "/tests/python/read_tfevents.py " + tb_file);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::pair<std::string, int64_t>, double> scalars;
+  const auto read_back = nlohmann::json::parse(testing::last_json_line(r.output));
+  for (const auto& v : read_back["scalars"])
+    scalars[{v["tag"].get<std::string>(), v["step"].get<int64_t>()}] = v["value"].get<double>();
+  EXPECT_EQ(scalars.size(), 3 * steps.size() + epochs.size());  // loss, lr, samples/s per logged step; accuracy per epoch
+  for (const auto& j : steps) {
+    const int64_t step = j["step"];
+    // TensorBoard stores float32, as in PyTorch.
+    EXPECT_EQ(scalars.at({"train/loss", step}), static_cast<float>(j["loss"].get<double>()));
+    EXPECT_EQ(scalars.at({"train/lr", step}), static_cast<float>(j["lr"].get<double>()));
+    EXPECT_EQ(scalars.at({"train/samples_per_s", step}), static_cast<float>(j["samples_per_s"].get<double>()));
+  }
+  for (const auto& j : epochs)
+    EXPECT_EQ(scalars.at({"test/accuracy", j["step"].get<int64_t>()}), static_cast<float>(j["test_acc"].get<double>()));
+}
+
+// --clip-norm bounds each update: with plain SGD (no momentum) one step moves the parameters by
+// exactly lr x the clipped norm.
+TEST(Trainer, ClipNormBoundsTheUpdate) {
+  testing::TempDir dir;
+  auto run = TrainOptions().model("mlp").data("synthetic").limit(20).batch_size(20).momentum(0).lr(0.5).progress(false);
+  train(TrainOptions(run).lr(0).save_model(dir / "before.pt"));
+  train(TrainOptions(run).clip_norm(1e-3).save_model(dir / "after.pt"));
+  auto before = saved(dir / "before.pt"), after = saved(dir / "after.pt");
+  double squared = 0;
+  for (size_t i = 0; i < before.size(); ++i) squared += (after[i].second - before[i].second).square().sum().item<double>();
+  EXPECT_NEAR(std::sqrt(squared), 0.5 * 1e-3, 1e-7);
+}
+
+// --profile: every phase of the step with its mean and share; the shares add up to the step.
+TEST(Trainer, ProfileReportsEveryPhaseAndTheirSharesAddUp) {
+  TrainResult r = train(TrainOptions().model("mlp").data("synthetic").limit(200).batch_size(20).progress(false)
+                            .profile(true));
+  std::map<std::string, double> shares;  // phase -> % of the step
+  std::istringstream rows(r.profile);
+  for (std::string line; std::getline(rows, line);) {
+    std::istringstream row(line);
+    std::string name, ms, pct;
+    if (row >> name >> ms >> pct && pct.back() == '%') shares[name] = std::stod(pct);
+  }
+  double share = 0;
+  for (const char* phase : {"data", "forward", "loss", "backward", "sync", "optimizer", "logging", "other"}) {
+    EXPECT_TRUE(shares.count(phase)) << phase << " missing from\n" << r.profile;
+    share += shares[phase];
+  }
+  EXPECT_NEAR(share, 100.0, 0.5) << r.profile;
+  EXPECT_THAT(r.profile, HasSubstr("(10 steps)"));
+}
+
+// O2 keeps an mlp's weights in bf16 (half the bytes) and fp32 masters beside the momentum
+// buffers in the optimizer; a checkpointed O2 run resumes bit for bit from the masters.
+TEST(Trainer, O2HalvesParameterBytesAndResumesExactly) {
+  testing::TempDir dir;
+  auto run = TrainOptions().model("mlp").data("synthetic").limit(200).batch_size(20).epochs(2).progress(false);
+  TrainResult o0 = train(run);
+  auto o2 = TrainOptions(run).precision("bf16").opt_level("O2");
+  TrainResult straight = train(TrainOptions(o2).save_model(dir / "straight.pt"));
+  EXPECT_EQ(straight.param_bytes * 2, o0.param_bytes);
+  EXPECT_EQ(straight.optim_bytes, 2 * o0.param_bytes);             // momentum + masters, both fp32
+  EXPECT_EQ(straight.grad_bytes, o0.param_bytes + o0.param_bytes / 2);  // bf16 grads + fp32 master grads
+
+  train(TrainOptions(o2).checkpoint_dir(dir / "ckpt").save_every(7));
+  TrainResult resumed = train(TrainOptions(o2).resume(dir / "ckpt/step-00000014.pt").save_model(dir / "resumed.pt"));
+  for (size_t i = 0; i < resumed.step_losses.size(); ++i) EXPECT_EQ(resumed.step_losses[i], straight.step_losses[14 + i]);
+  auto a = saved(dir / "straight.pt"), b = saved(dir / "resumed.pt");
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].second.scalar_type(), torch::kFloat32) << a[i].first;  // --save-model writes the masters
+    EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+  }
+}
+
+TEST(Trainer, Fp16OnThisCpuFailsAtStartSuggestingBf16) {
+  EXPECT_THAT(testing::error_message([] {
+                train(TrainOptions().model("mlp").data("synthetic").limit(20).precision("fp16").progress(false));
+              }),
+              HasSubstr("Use bf16"));
+  EXPECT_THAT(testing::error_message([] { TrainOptions().opt_level("O2").validate(); }),
+              HasSubstr("--opt-level O2 needs a half precision"));
+  EXPECT_THAT(testing::error_message([] { TrainOptions().precision("bf16").loss_scale("big").validate(); }),
+              HasSubstr("--loss-scale 'big' is neither 'dynamic' nor a positive number"));
 }
 
 }  // namespace

@@ -33,6 +33,7 @@ struct ReducerStats {
   std::vector<std::vector<int64_t>> buckets;  // parameter indices per bucket, in launch order
   std::vector<int64_t> hooks_before_launch;   // per bucket: gradient hooks fired when its all-reduce started
   int64_t hooks = 0;                          // gradient hooks fired in that backward
+  int64_t finalize_ns = 0;  // that backward's end: waiting for the all-reduces, copying averages to .grad
 };
 
 // Note [Gradient buckets]: parameters are grouped, in reverse registration order (roughly the order

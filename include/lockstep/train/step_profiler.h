@@ -82,6 +82,11 @@ class StepProfiler {
   // Closes the current step; a step in which no phase ran is not counted.
   void end_step();
 
+  // Gives the last `tail` of the phase that just ended to `to`: for work that runs at the end of
+  // another phase and cannot have its own scope (DDP's final gradient wait runs inside backward).
+  // Clamped to the ended phase's duration; does nothing when disabled or no phase ran this step.
+  void split_tail(Phase to, std::chrono::nanoseconds tail);
+
   bool enabled() const { return options_.enabled(); }
   ProfileSummary summary() const;
 
@@ -106,6 +111,9 @@ class StepProfiler {
   Clock::time_point origin_;
   bool in_phase_ = false;
   bool in_step_ = false;                    // a phase ran since the last end_step()
+  Phase last_phase_ = Phase::kData;         // the phase that ended last in this step, and its length
+  int64_t last_dur_ns_ = 0;
+  bool last_event_kept_ = false;            // it is events_.back()
   Clock::time_point step_start_;
   std::array<int64_t, kNumPhases> step_ns_{};   // the current step's time per phase
   std::array<int64_t, kNumPhases> total_ns_{};  // completed steps' time per phase

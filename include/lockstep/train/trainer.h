@@ -28,6 +28,44 @@ struct TrainOptions {
   TORCH_ARG(std::string, save_model) = "";               // final state dict, readable by torch.load
   TORCH_ARG(bool, progress) = true;                      // progress display on stdout
 
+  // Checkpoints (see checkpoint.h). Rank 0 writes, every rank waits; a failed write is logged and
+  // training goes on with the previous checkpoint intact.
+  TORCH_ARG(std::string, checkpoint_dir) = "";           // "" : no checkpoints
+  TORCH_ARG(int64_t, save_every) = 0;                    // optimizer steps between saves; 0: epoch ends only
+  TORCH_ARG(int64_t, keep_last) = 0;                     // newest checkpoints kept; 0: all
+  TORCH_ARG(std::string, resume) = "";                   // checkpoint file, directory, or "latest" (in checkpoint_dir)
+  TORCH_ARG(std::string, init_weights) = "";             // state dict file to start from (lockstep or torch.save)
+
+  // The optimizer step: k micro-batches of batch_size (DDP no_sync on all but the last), then
+  // clipping by value, then by norm (0: off), then a non-finite check agreed by all ranks.
+  TORCH_ARG(int64_t, accum_steps) = 1;
+  TORCH_ARG(double, clip_value) = 0.0;
+  TORCH_ARG(double, clip_norm) = 0.0;
+  TORCH_ARG(int64_t, max_skipped_steps) = 10;            // consecutive non-finite steps before aborting
+  TORCH_ARG(int64_t, inject_nan_step) = -1;              // testing: step's loss value (0-based) is NaN on inject_nan_rank
+  TORCH_ARG(int64_t, inject_nan_rank) = 0;
+
+  // Learning rate by optimizer step (see lr_schedule.h); lr is scaled by world size x accum_steps
+  // first when scale_lr is linear or sqrt.
+  TORCH_ARG(std::string, lr_schedule) = "constant";      // constant | step | multistep | cosine
+  TORCH_ARG(int64_t, warmup_steps) = 0;
+  TORCH_ARG(std::string, scale_lr) = "none";             // none | linear | sqrt
+  TORCH_ARG(int64_t, lr_step_size) = 0;                  // step: decay every N optimizer steps
+  TORCH_ARG(double, lr_gamma) = 0.1;                     // step, multistep: decay factor
+  TORCH_ARG(std::vector<int64_t>, lr_milestones);        // multistep: optimizer steps
+
+  // Mixed precision (see amp/opt_level.h). opt_level "": O0 for fp32, O1 otherwise.
+  TORCH_ARG(std::string, precision) = "fp32";            // fp32 | bf16 | fp16
+  TORCH_ARG(std::string, opt_level) = "";
+  TORCH_ARG(std::string, loss_scale) = "";               // "": the level's default | dynamic | a number
+  TORCH_ARG(bool, report_memory) = false;                // every rank prints its memory breakdown
+
+  TORCH_ARG(bool, deterministic) = false;                // LibTorch's deterministic algorithms only
+  TORCH_ARG(std::string, log_jsonl) = "";                // one JSON line per logged step and per epoch
+  TORCH_ARG(std::string, tensorboard) = "";              // event files here (rank 0)
+  TORCH_ARG(int64_t, log_every) = 10;                    // optimizer steps between logged steps
+  TORCH_ARG(bool, profile) = false;                      // per-phase step times, printed at the end
+  TORCH_ARG(std::string, trace) = "";                    // Chrome trace of the step phases (rank 0)
 
  public:
   // Throws c10::ValueError naming the first invalid value and what is allowed.
@@ -51,11 +89,18 @@ struct TrainResult {
   double test_acc = 0.0;        // after the last epoch
   double final_loss = 0.0;      // mean training loss of the last epoch
   double peak_rss_mib = 0.0;
-  std::vector<double> step_losses;  // every step's loss, in order
+  int64_t steps = 0;            // optimizer steps since the start of training (a resumed run counts on)
+  int64_t skipped_steps = 0;    // of those, skipped for a non-finite loss or gradient
+  int64_t param_bytes = 0;      // this rank's model parameters
+  int64_t grad_bytes = 0;       // their gradients (and the fp32 masters' at O2)
+  int64_t optim_bytes = 0;      // optimizer state: momentum buffers, and fp32 master weights at O2
+  std::string profile;          // --profile's table, "" without it
+  std::vector<double> step_losses;  // every optimizer step's loss (mean over its samples), in order
   std::vector<EpochResult> epochs;
 
   // The one-line summary `lockstep train` prints last:
-  // {"world_size":1,"samples_per_s":..,"train_s":..,"test_acc":..,"final_loss":..,"peak_rss_mib":..}
+  // {"world_size":1,"samples_per_s":..,"train_s":..,"test_acc":..,"final_loss":..,"peak_rss_mib":..,
+  //  "param_bytes":..,"grad_bytes":..,"optim_bytes":..,"steps":..,"skipped_steps":..}
   std::string summary_json() const;
 };
 

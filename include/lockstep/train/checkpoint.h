@@ -1,0 +1,68 @@
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+#include <torch/optim/sgd.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lockstep::train {
+
+// Where training stands when a checkpoint is taken; a resumed run continues from exactly here.
+struct TrainingPosition {
+  int64_t epoch = 0;            // epoch in progress, 0-based (== epochs once training is complete)
+  int64_t micro_batch = 0;      // micro-batches of that epoch already consumed, per rank
+  int64_t step = 0;             // optimizer steps since the start of training, skipped ones included
+  int64_t skipped_steps = 0;    // steps skipped for a non-finite loss or gradient
+  double epoch_loss_sum = 0.0;  // sum of this epoch's step losses so far (for the epoch's mean)
+  int64_t epoch_steps = 0;      // steps of this epoch so far
+};
+
+// An empty insertion-ordered dict str -> any (pickles as a Python dict).
+c10::impl::GenericDict string_dict();
+
+// One checkpoint file: a pickled dict that Python's torch.load reads, with the keys
+//   "format": "lockstep-checkpoint-1", "position": {...}, "run": {...},
+//   "model": state dict (name -> tensor, torch.load + load_state_dict accept it),
+//   "optimizer": PyTorch's optimizer.state_dict() layout, "scaler": GradScaler.state_dict() or None,
+//   "rng": [per-rank CPU generator state, uint8 tensors]
+struct Checkpoint {
+  TrainingPosition position;
+  c10::impl::GenericDict run = string_dict();  // settings a resumed run must share (model, world size, ...)
+  c10::IValue model;
+  c10::IValue optimizer;
+  c10::IValue scaler;
+  std::vector<torch::Tensor> rng;
+};
+
+// Writes atomically (temporary file, fsync, rename): a failure leaves a previous file at `path`
+// intact. Throws c10::Error naming the path and the cause.
+void save_checkpoint(const Checkpoint& checkpoint, const std::string& path);
+
+// Reads a checkpoint; throws c10::Error naming the path and what is wrong with it (unreadable,
+// not a lockstep checkpoint, missing entries).
+Checkpoint load_checkpoint(const std::string& path);
+
+// Throws c10::ValueError when `run` (this run's settings) differs from the checkpoint's in any
+// key, naming each value in both and the path.
+void check_same_run(const Checkpoint& checkpoint, const c10::impl::GenericDict& run,
+                    const std::string& path);
+
+// SGD's state in the layout of Python's torch.optim.SGD.state_dict(): {"state": {index:
+// {"momentum_buffer": tensor}}, "param_groups": [{"lr", "momentum", "dampening", "weight_decay",
+// "nesterov", "params": [indices]}]}, parameters numbered in order across groups.
+c10::IValue sgd_state_dict(const torch::optim::SGD& optimizer);
+void load_sgd_state_dict(torch::optim::SGD& optimizer, const c10::IValue& state, const std::string& source);
+
+// Checkpoint files in a directory are named step-<8 digits>.pt by the optimizer step they hold.
+std::string checkpoint_path(const std::string& dir, int64_t step);
+// Complete checkpoints in `dir`, oldest first (temporary files of interrupted writes are ignored).
+std::vector<std::string> list_checkpoints(const std::string& dir);
+std::optional<std::string> latest_checkpoint(const std::string& dir);
+// Deletes all but the newest `keep_last` checkpoints (keep_last 0 keeps all).
+void remove_old_checkpoints(const std::string& dir, int64_t keep_last);
+
+}  // namespace lockstep::train

@@ -1,0 +1,228 @@
+#include "lockstep/train/checkpoint.h"
+
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "lockstep/core/atomic_file.h"
+
+namespace lockstep::train {
+namespace {
+
+namespace fs = std::filesystem;
+using c10::IValue;
+using GenericDict = c10::impl::GenericDict;
+
+constexpr const char* kFormat = "lockstep-checkpoint-1";
+constexpr const char* kPrefix = "step-";
+constexpr const char* kSuffix = ".pt";
+
+// The entry `key` of `dict`, or an error naming what is missing from where.
+IValue entry(const GenericDict& dict, const std::string& key, const std::string& source) {
+  auto it = dict.find(key);
+  TORCH_CHECK(it != dict.end(), source, " has no '", key, "' entry: it is not a complete lockstep checkpoint");
+  return it->value();
+}
+
+GenericDict as_dict(const IValue& v, const std::string& what) {
+  TORCH_CHECK(v.isGenericDict(), what, " is not a dict but a ", v.tagKind());
+  return v.toGenericDict();
+}
+
+// Step number of a checkpoint file name, or -1 when `name` is not one.
+int64_t step_of(const std::string& name) {
+  const std::string prefix = kPrefix, suffix = kSuffix;
+  if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return -1;
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+}  // namespace
+
+GenericDict string_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+void save_checkpoint(const Checkpoint& c, const std::string& path) {
+  GenericDict position = string_dict();
+  position.insert("epoch", c.position.epoch);
+  position.insert("micro_batch", c.position.micro_batch);
+  position.insert("step", c.position.step);
+  position.insert("skipped_steps", c.position.skipped_steps);
+  position.insert("epoch_loss_sum", c.position.epoch_loss_sum);
+  position.insert("epoch_steps", c.position.epoch_steps);
+  c10::List<torch::Tensor> rng;
+  for (const auto& t : c.rng) rng.push_back(t);
+
+  GenericDict top = string_dict();
+  top.insert("format", std::string(kFormat));
+  top.insert("position", position);
+  top.insert("run", c.run);
+  top.insert("model", c.model);
+  top.insert("optimizer", c.optimizer);
+  top.insert("scaler", c.scaler);
+  top.insert("rng", rng);
+  write_file_atomic(path, torch::pickle_save(top));
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  const std::string source = "checkpoint '" + path + "'";
+  IValue top_value;
+  try {
+    top_value = torch::pickle_load(read_file(path));
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "cannot read ", source, " (corrupt or not a checkpoint): ", e.what_without_backtrace());
+  }
+  const GenericDict top = as_dict(top_value, source);
+  const IValue format = entry(top, "format", source);
+  TORCH_CHECK(format.isString() && format.toStringRef() == kFormat, source, " has format ",
+              format.isString() ? "'" + format.toStringRef() + "'" : format.tagKind(), "; this lockstep reads '",
+              kFormat, "'");
+
+  Checkpoint c;
+  const GenericDict position = as_dict(entry(top, "position", source), source + " position");
+  c.position.epoch = entry(position, "epoch", source).toInt();
+  c.position.micro_batch = entry(position, "micro_batch", source).toInt();
+  c.position.step = entry(position, "step", source).toInt();
+  c.position.skipped_steps = entry(position, "skipped_steps", source).toInt();
+  c.position.epoch_loss_sum = entry(position, "epoch_loss_sum", source).toDouble();
+  c.position.epoch_steps = entry(position, "epoch_steps", source).toInt();
+  for (const auto& item : as_dict(entry(top, "run", source), source + " run"))
+    c.run.insert(item.key().toStringRef(), item.value());
+  c.model = entry(top, "model", source);
+  c.optimizer = entry(top, "optimizer", source);
+  c.scaler = entry(top, "scaler", source);
+  for (const IValue& t : entry(top, "rng", source).toListRef()) c.rng.push_back(t.toTensor());
+  return c;
+}
+
+void check_same_run(const Checkpoint& c, const GenericDict& run, const std::string& path) {
+  std::string differences;
+  for (const auto& item : run) {
+    const std::string& key = item.key().toStringRef();
+    auto it = c.run.find(key);
+    std::ostringstream d;
+    if (it == c.run.end()) {
+      d << key << " (absent from the checkpoint; this run has " << item.value() << ")";
+    } else if (it->value() != item.value()) {
+      d << key << "=" << it->value() << " in the checkpoint but " << item.value() << " in this run";
+    } else {
+      continue;
+    }
+    differences += (differences.empty() ? "" : "; ") + d.str();
+  }
+  TORCH_CHECK_VALUE(differences.empty(), "cannot resume from '", path, "': it was written by a different run: ",
+                    differences, ". Resume with the same settings, or start afresh with --init-weights ",
+                    "to take only its model weights");
+}
+
+c10::IValue sgd_state_dict(const torch::optim::SGD& optimizer) {
+  c10::Dict<int64_t, c10::Dict<std::string, torch::Tensor>> state;
+  c10::impl::GenericList groups(c10::DictType::create(c10::StringType::get(), c10::AnyType::get()));
+  int64_t index = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+    c10::List<int64_t> params;
+    for (const auto& p : group.params()) {
+      auto it = optimizer.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      if (it != optimizer.state().end()) {
+        const auto& s = static_cast<const torch::optim::SGDParamState&>(*it->second);
+        c10::Dict<std::string, torch::Tensor> entry;
+        if (s.momentum_buffer().defined()) entry.insert("momentum_buffer", s.momentum_buffer().detach().clone());
+        state.insert(index, entry);
+      }
+      params.push_back(index++);
+    }
+    GenericDict g = string_dict();
+    g.insert("lr", o.lr());
+    g.insert("momentum", o.momentum());
+    g.insert("dampening", o.dampening());
+    g.insert("weight_decay", o.weight_decay());
+    g.insert("nesterov", o.nesterov());
+    g.insert("params", params);
+    groups.push_back(g);
+  }
+  GenericDict out = string_dict();
+  out.insert("state", state);
+  out.insert("param_groups", groups);
+  return out;
+}
+
+void load_sgd_state_dict(torch::optim::SGD& optimizer, const c10::IValue& value, const std::string& source) {
+  const GenericDict dict = as_dict(value, source + " optimizer state");
+  const auto groups = entry(dict, "param_groups", source).toListRef();
+  TORCH_CHECK(groups.size() == optimizer.param_groups().size(), source, " has ", groups.size(),
+              " optimizer parameter groups but this optimizer has ", optimizer.param_groups().size());
+  std::vector<torch::Tensor> params;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    auto& group = optimizer.param_groups()[g];
+    const GenericDict saved = as_dict(groups[g], source + " param group");
+    const auto saved_params = entry(saved, "params", source).toListRef();
+    TORCH_CHECK(saved_params.size() == group.params().size(), source, " has ", saved_params.size(),
+                " parameters in optimizer group ", g, " but this optimizer has ", group.params().size());
+    auto& o = static_cast<torch::optim::SGDOptions&>(group.options());
+    o.lr(entry(saved, "lr", source).toDouble());
+    o.momentum(entry(saved, "momentum", source).toDouble());
+    o.dampening(entry(saved, "dampening", source).toDouble());
+    o.weight_decay(entry(saved, "weight_decay", source).toDouble());
+    o.nesterov(entry(saved, "nesterov", source).toBool());
+    for (const auto& p : group.params()) params.push_back(p);
+  }
+  optimizer.state().clear();
+  for (const auto& item : as_dict(entry(dict, "state", source), source + " optimizer state")) {
+    const int64_t index = item.key().toInt();
+    TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(params.size()), source,
+                " has optimizer state for parameter ", index, " of ", params.size());
+    const torch::Tensor& p = params[index];
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    const GenericDict param_state = as_dict(item.value(), source + " parameter state");
+    auto buffer = param_state.find("momentum_buffer");
+    if (buffer != param_state.end()) {
+      const torch::Tensor b = buffer->value().toTensor();
+      TORCH_CHECK(b.sizes() == p.sizes(), source, ": momentum buffer of parameter ", index, " has shape ",
+                  b.sizes(), " but the parameter has ", p.sizes());
+      s->momentum_buffer(b.to(p.options()).clone());
+    }
+    optimizer.state()[c10::guts::to_string(p.unsafeGetTensorImpl())] = std::move(s);
+  }
+}
+
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+  char name[40];
+  std::snprintf(name, sizeof(name), "%s%08lld%s", kPrefix, static_cast<long long>(step), kSuffix);
+  return (fs::path(dir) / name).string();
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t step = step_of(e.path().filename().string());
+    if (step >= 0 && e.is_regular_file()) found.emplace_back(step, e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  for (auto& f : found) paths.push_back(std::move(f.second));
+  return paths;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  auto all = list_checkpoints(dir);
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+void remove_old_checkpoints(const std::string& dir, int64_t keep_last) {
+  if (keep_last <= 0) return;
+  auto all = list_checkpoints(dir);
+  for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove(all[i], ec);  // a checkpoint that cannot be removed costs disk space, nothing else
+  }
+}
+
+}  // namespace lockstep::train
