@@ -2,11 +2,17 @@
 # lockstep DDP vs PyTorch's own DDP (the Python peer in ../shared/peer), side by side in one run:
 # same convnet, data (first LIMIT Fashion-MNIST samples), batch per rank, epochs, lr, ranks, and one
 # intra-op thread per rank. Runs alternate (lockstep, peer, lockstep, ...) so machine noise hits both;
-# prints every run's JSON and the medians.
-# Usage: bench/ddp_vs_peer.sh [RUNS=3] [LIMIT=12000]  (after make build; needs python3-torch)
+# prints every run's JSON and the medians. PRECISION bf16 compares `--precision bf16` (O1: autocast,
+# no loss scaling) with the peer's `--amp` (torch.autocast bf16, no GradScaler).
+# Usage: bench/ddp_vs_peer.sh [RUNS=3] [LIMIT=12000] [PRECISION=fp32|bf16]  (after make build; needs python3-torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${1:-3}; limit=${2:-12000}; ranks=2; batch=100; epochs=1; lr=0.05
+runs=${1:-3}; limit=${2:-12000}; precision=${3:-fp32}; ranks=2; batch=100; epochs=1; lr=0.05
+case $precision in
+  fp32) ours_amp=(); peer_amp=() ;;
+  bf16) ours_amp=(--precision bf16); peer_amp=(--amp) ;;
+  *) echo "PRECISION must be fp32 or bf16, not '$precision'" >&2; exit 2 ;;
+esac
 peer=${PEER_DIR:-../shared/peer}
 [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null ||
   { echo "needs Debian's python3-torch (apt-get install python3-torch)" >&2; exit 1; }
@@ -17,8 +23,10 @@ field() { sed -n "s/.*\"$1\": *\([0-9.]*\).*/\1/p"; }
 ours=(); theirs=(); ours_rss=(); theirs_rss=()
 for ((i = 1; i <= runs; i++)); do
   o=$(OMP_NUM_THREADS=1 build/lockstep run --nproc-per-node $ranks -- build/lockstep train --quiet \
-        --model convnet --limit "$limit" --epochs $epochs --batch-size $batch --lr $lr --threads 1 | grep -o '{.*}')
-  p=$(cd "$peer" && OMP_NUM_THREADS=1 N=$ranks PORT=$((29611 + i)) ./run_ddp.sh --epochs $epochs --limit "$limit" --batch $batch --lr $lr)
+        --model convnet --limit "$limit" --epochs $epochs --batch-size $batch --lr $lr --threads 1 "${ours_amp[@]}" |
+        grep -o '{.*}')
+  p=$(cd "$peer" && OMP_NUM_THREADS=1 N=$ranks PORT=$((29611 + i)) ./run_ddp.sh --epochs $epochs --limit "$limit" --batch $batch --lr $lr \
+        "${peer_amp[@]}")
   echo "lockstep run $i: $o"; echo "peer     run $i: $p"
   ours+=("$(field samples_per_s <<<"$o")"); theirs+=("$(field samples_per_s <<<"$p")")
   ours_rss+=("$(field peak_rss_mib <<<"$o")"); theirs_rss+=("$(field peak_rss_mib <<<"$p")")

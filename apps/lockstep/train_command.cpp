@@ -86,7 +86,7 @@ Command add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->group(mp);
   cmd->add_option("--opt-level", o->opt_level(), "Apex opt level O0-O3 (default: O0 for fp32, O1 otherwise)")
       ->check(CLI::IsMember({"O0", "O1", "O2", "O3"}))->group(mp);
-  cmd->add_option("--loss-scale", o->loss_scale(), "dynamic or a fixed number (default: dynamic at O1/O2, none at O0/O3)")
+  cmd->add_option("--loss-scale", o->loss_scale(), "dynamic, none or a fixed number (default: none for bf16; for fp16 dynamic at O1/O2)")
       ->group(mp);
   cmd->add_flag("--report-memory", o->report_memory(), "Every rank prints its parameter, gradient and optimizer bytes")
       ->group(mp);

@@ -3,7 +3,6 @@
 #include <torch/csrc/utils/tensor_flatten.h>
 #include <torch/torch.h>
 
-#include <map>
 #include <sstream>
 
 namespace lockstep::parallel {
@@ -85,17 +84,21 @@ void DistributedDataParallel::check_same_model_on_all_ranks() {
               ". Build the same model, with the same options, on every rank");
 }
 
-// One broadcast per dtype: the tensors are flattened into one buffer and copied back.
+// One broadcast, whatever the dtypes: every tensor's bytes go into one flat uint8 buffer (BN
+// buffers mix float statistics with an int64 counter), which saves a collective per forward.
 void DistributedDataParallel::broadcast_from_rank0(const std::vector<torch::Tensor>& tensors) {
   if (group_.size() == 1 || tensors.empty()) return;
   torch::NoGradGuard no_grad;
-  std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;
-  for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
-  for (auto& [dtype, group] : by_dtype) {
-    torch::Tensor flat = torch::utils::flatten_dense_tensors(group);
-    group_.broadcast(flat, 0);
-    auto parts = torch::utils::unflatten_dense_tensors(flat, group);
-    for (size_t i = 0; i < group.size(); ++i) group[i].copy_(parts[i]);
+  std::vector<torch::Tensor> bytes;
+  for (const auto& t : tensors) bytes.push_back(t.detach().contiguous().reshape({-1}).view(torch::kUInt8));
+  torch::Tensor flat = torch::cat(bytes);
+  group_.broadcast(flat, 0);
+  int64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t n = bytes[i].numel();
+    // clone(): a slice at an odd byte offset cannot be viewed as a wider dtype in place.
+    tensors[i].copy_(flat.narrow(0, offset, n).clone().view(tensors[i].scalar_type()).view(tensors[i].sizes()));
+    offset += n;
   }
 }
 

@@ -139,11 +139,11 @@ void TrainOptions::validate() const {
                     " needs a half precision: add --precision bf16 (or fp16)");
   TORCH_CHECK_VALUE(precision() == "fp32" || level != amp::OptLevel::kO0, "--precision ", precision(),
                     " with --opt-level O0 would train in fp32; use O1, O2 or O3");
-  if (!loss_scale().empty() && loss_scale() != "dynamic") {
+  if (!loss_scale().empty() && loss_scale() != "dynamic" && loss_scale() != "none") {
     char* end = nullptr;
     const double v = std::strtod(loss_scale().c_str(), &end);
     TORCH_CHECK_VALUE(*end == '\0' && std::isfinite(v) && v > 0, "--loss-scale '", loss_scale(),
-                      "' is neither 'dynamic' nor a positive number");
+                      "' is not 'dynamic', 'none' or a positive number");
   }
 }
 
@@ -313,23 +313,24 @@ class TrainingRun {
         auto autocast = amp_->autocast();
         loss = torch::nn::functional::cross_entropy(out, y) * (static_cast<double>(size) / static_cast<double>(samples));
       }
+      loss_sum += loss.item<double>();
+      // The injected NaN spoils only the loss value, not the gradients: only the vote can then
+      // make the other ranks skip too.
+      if (i + 1 == end && pos_.step == o_.inject_nan_step() && world_.rank == o_.inject_nan_rank())
+        loss_sum = std::numeric_limits<double>::quiet_NaN();
+      if (i + 1 == end) start_loss_vote(loss_sum);  // travels while the last backward runs
       {
         auto phase = profiler_->scope(Phase::kBackward);
         amp_->scale_loss(loss).backward();
       }
       // DDP's final wait for the gradient all-reduce runs at the end of the last backward.
       if (ddp_ && i + 1 == end) profiler_->split_tail(Phase::kSync, std::chrono::nanoseconds(ddp_->reducer_stats().finalize_ns));
-      loss_sum += loss.item<double>();
     }
 
     auto phase = profiler_->scope(Phase::kOptimizer);
-    // The injected NaN spoils only the loss value, not the gradients: only the agreement
-    // between ranks can then make the other ranks skip too.
-    if (pos_.step == o_.inject_nan_step() && world_.rank == o_.inject_nan_rank())
-      loss_sum = std::numeric_limits<double>::quiet_NaN();
     // With loss scaling the scaler finds non-finite gradients itself (and backs the scale off).
     bool stepped = false;
-    if (all_ranks_finite(loss_sum, /*check_gradients=*/!amp_->grad_scaler().is_enabled())) {
+    if (all_ranks_finite(/*check_gradients=*/!amp_->grad_scaler().is_enabled())) {
       if (o_.clip_value() > 0 || o_.clip_norm() > 0) {
         amp_->unscale_();  // clip true gradients, in fp32 at O2
         if (o_.clip_value() > 0) torch::nn::utils::clip_grad_value_(amp_->master_params(), o_.clip_value());
@@ -364,21 +365,35 @@ class TrainingRun {
     return amp_->cast_output(ddp_->forward(in));
   }
 
-  // Whether every rank's loss (and, with `check_gradients`, gradients) are finite. One small
-  // all-reduce (a flag per rank) makes all ranks take the same decision; a non-finite step is
-  // skipped everywhere, counted and logged, and max_skipped_steps in a row abort the run.
-  bool all_ranks_finite(double loss, bool check_gradients) {
-    bool finite = std::isfinite(loss);
+  // Note [Agreeing on non-finite steps]: a step whose loss or gradient is NaN or Inf on any rank
+  // is skipped on every rank, or the replicas would diverge. The losses are voted on by one small
+  // all-reduce (a flag per rank), started before the last backward so it travels while backward
+  // runs. The gradients need no vote: after DDP's all-reduce every rank holds the same averaged
+  // gradients, and a non-finite gradient on any rank makes the average non-finite everywhere.
+  void start_loss_vote(double loss) {
+    vote_ = torch::zeros({world_.world_size}, torch::kFloat32);  // 1: non-finite loss on that rank
+    vote_[world_.rank] = std::isfinite(loss) ? 0.0f : 1.0f;
+    if (group_) vote_work_ = group_->all_reduce_async(vote_);
+  }
+
+  // Whether this step may go ahead (see Note [Agreeing on non-finite steps]); a skipped step is
+  // counted and logged, and max_skipped_steps in a row abort the run.
+  bool all_ranks_finite(bool check_gradients) {
+    if (vote_work_) group_->wait(vote_work_, "the non-finite loss vote");
+    vote_work_.reset();
+    bool gradients_finite = true;
     for (const auto& p : model_->parameters())
-      if (finite && check_gradients && p.grad().defined()) finite = torch::isfinite(p.grad()).all().item<bool>();
-    torch::Tensor flags = torch::zeros({world_.world_size}, torch::kFloat32);  // 1: non-finite on that rank
-    flags[world_.rank] = finite ? 0.0f : 1.0f;
-    if (group_) group_->all_reduce(flags);
-    if (flags.sum().item<float>() == 0.0f) return true;
+      if (gradients_finite && check_gradients && p.grad().defined())
+        gradients_finite = torch::isfinite(p.grad()).all().item<bool>();
+    if (vote_.sum().item<float>() == 0.0f) {
+      if (gradients_finite) return true;
+      count_skip("non-finite gradient", world_.world_size > 1 ? " (averaged over ranks)" : "");
+      return false;
+    }
     std::string ranks;
     for (int64_t r = 0; r < world_.world_size; ++r)
-      if (flags[r].item<float>() > 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    count_skip("non-finite loss or gradient", " on rank " + ranks);
+      if (vote_[r].item<float>() > 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    count_skip("non-finite loss", " on rank " + ranks);
     return false;
   }
 
@@ -560,9 +575,14 @@ class TrainingRun {
   amp::AmpOptions amp_options() {
     amp::AmpOptions a = amp::AmpOptions().group(group_.get());
     a.dtype(o_.precision() == "fp16" ? torch::kHalf : torch::kBFloat16);
-    if (o_.loss_scale() == "dynamic") {
+    // bf16 has fp32's exponent range, so its gradients need no scaling (torch.autocast recipes use
+    // no GradScaler with bf16); fp16 takes the opt level's default, as in Apex.
+    const std::string scale = o_.loss_scale().empty() && o_.precision() == "bf16" ? "none" : o_.loss_scale();
+    if (scale == "none") {
+      a.loss_scale(amp::GradScalerOptions().enabled(false));
+    } else if (scale == "dynamic") {
       a.loss_scale(amp::GradScalerOptions());
-    } else if (!o_.loss_scale().empty()) {
+    } else if (!scale.empty()) {
       static_loss_scale_ = std::stod(o_.loss_scale());  // validate() checked it
       a.loss_scale(amp::GradScalerOptions().init_scale(static_loss_scale_));
     }
@@ -611,6 +631,8 @@ class TrainingRun {
   TrainingPosition pos_;
   std::string resumed_from_;
   int64_t consecutive_skips_ = 0;
+  torch::Tensor vote_;                          // See Note [Agreeing on non-finite steps]
+  c10::intrusive_ptr<c10d::Work> vote_work_;
   std::ofstream jsonl_;
   std::unique_ptr<log::SummaryWriter> tensorboard_;
   TrainResult result_;

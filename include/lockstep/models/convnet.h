@@ -8,6 +8,7 @@ namespace lockstep::models {
 
 // The classic two-block CNN for 1x28x28 images:
 //   layer1 = Conv2d(1,16,k5,p2), BatchNorm2d(16), ReLU, MaxPool2d(2)    -> (B, 16, 14, 14)
+//   (max pooling runs in channels-last layout for speed; see convnet.cpp)
 //   layer2 = Conv2d(16,32,k5,p2), BatchNorm2d(32), ReLU, MaxPool2d(2)   -> (B, 32, 7, 7)
 //   fc     = Linear(1568, num_classes)
 // Keys: layer1.0.weight, layer1.1.running_mean, layer2.0.bias, fc.weight, ...

@@ -57,7 +57,8 @@ struct TrainOptions {
   // Mixed precision (see amp/opt_level.h). opt_level "": O0 for fp32, O1 otherwise.
   TORCH_ARG(std::string, precision) = "fp32";            // fp32 | bf16 | fp16
   TORCH_ARG(std::string, opt_level) = "";
-  TORCH_ARG(std::string, loss_scale) = "";               // "": the level's default | dynamic | a number
+  TORCH_ARG(std::string, loss_scale) = "";               // dynamic | none | a number; "": none for bf16,
+                                                         // the level's for fp16 (dynamic at O1/O2)
   TORCH_ARG(bool, report_memory) = false;                // every rank prints its memory breakdown
 
   TORCH_ARG(bool, deterministic) = false;                // LibTorch's deterministic algorithms only
