@@ -39,6 +39,19 @@ TEST(Trainer, SameSeedGivesBitIdenticalLossSequence) {
   EXPECT_EQ(a.test_acc, b.test_acc);
 }
 
+// --deterministic switches LibTorch to its deterministic algorithms (and the run still repeats
+// bit for bit); it stays on for the process, so the test switches it off again.
+TEST(Trainer, DeterministicTurnsOnDeterministicAlgorithms) {
+  auto run = TrainOptions().model("convnet").data("synthetic").limit(200).batch_size(50).seed(3).progress(false)
+                 .deterministic(true);
+  ASSERT_FALSE(at::globalContext().deterministicAlgorithms());
+  TrainResult a = train(run);
+  EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
+  TrainResult b = train(run);
+  at::globalContext().setDeterministicAlgorithms(false, false);
+  EXPECT_EQ(a.step_losses, b.step_losses);
+}
+
 TEST(Trainer, ConvNetLearnsFashionMnist) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   TrainResult r = train(TrainOptions().limit(6000).epochs(1).progress(false));
