@@ -22,7 +22,10 @@ void parse_injection(const std::string& text, train::TrainOptions& o) {
     size_t used = 0;
     o.inject_nan_step(std::stoll(text.substr(0, at), &used));
     ok = used == (at == std::string::npos ? text.size() : at);
-    if (at != std::string::npos) o.inject_nan_rank(std::stoll(text.substr(at + 1)));
+    if (at != std::string::npos) {
+      o.inject_nan_rank(std::stoll(text.substr(at + 1), &used));
+      ok = ok && used == text.size() - at - 1;
+    }
   } catch (const std::logic_error&) {
     ok = false;
   }
@@ -61,7 +64,7 @@ Command add_train_command(CLI::App& app) {
                   "Write the final state dict here (readable by Python's torch.load)");
   cmd->add_flag("--quiet", *quiet, "No progress display (the JSON summary is still printed)");
   cmd->add_flag("--deterministic", o->deterministic(), "Use only LibTorch's deterministic algorithms");
-  cmd->add_option("--log-jsonl", o->log_jsonl(), "Append one JSON line per logged step and per epoch to FILE");
+  cmd->add_option("--log-jsonl", o->log_jsonl(), "Write one JSON line per logged step and per epoch to FILE (appended to when resuming)");
   cmd->add_option("--log-every", o->log_every(), "Optimizer steps between logged steps")->check(CLI::PositiveNumber);
 
   cmd->add_option("--tensorboard", o->tensorboard(), "Write TensorBoard event files (scalars) to DIR");

@@ -76,10 +76,12 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     }
   }
   dist::ProcessGroup* group = options_.group();
-  TORCH_CHECK(!finite.empty(), "GradScaler: no parameter of the optimizer has a gradient",
-              group != nullptr ? " on rank " + std::to_string(group->rank()) : std::string(),
+  // With a group, a rank whose optimizer holds no gradient (a shard of a sharded optimizer) still
+  // joins the vote; checking here would leave the other ranks waiting in the all-reduce.
+  TORCH_CHECK(!finite.empty() || group != nullptr, "GradScaler: no parameter of the optimizer has a gradient",
               "; call scaler.scale(loss).backward() before unscale_() or step()");
-  torch::Tensor found_inf = torch::stack(finite).all().logical_not().to(torch::kFloat).reshape({1});
+  torch::Tensor found_inf = finite.empty() ? torch::zeros({1})
+                                           : torch::stack(finite).all().logical_not().to(torch::kFloat).reshape({1});
   if (group != nullptr) group->all_reduce(found_inf, dist::ReduceOp::kMax);
   state.found_inf = found_inf.item<float>() > 0;
   state.stage = Stage::kUnscaled;

@@ -3,6 +3,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -39,7 +40,9 @@ int64_t step_of(const std::string& name) {
       name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
     return -1;
   const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  if (digits.empty() || digits.size() > 18 ||  // 18 digits always fit in int64_t
+      !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); }))
+    return -1;
   return std::stoll(digits);
 }
 
@@ -53,6 +56,7 @@ void save_checkpoint(const Checkpoint& c, const std::string& path) {
   position.insert("micro_batch", c.position.micro_batch);
   position.insert("step", c.position.step);
   position.insert("skipped_steps", c.position.skipped_steps);
+  position.insert("consecutive_skips", c.position.consecutive_skips);
   position.insert("epoch_loss_sum", c.position.epoch_loss_sum);
   position.insert("epoch_steps", c.position.epoch_steps);
   c10::List<torch::Tensor> rng;
@@ -89,6 +93,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   c.position.micro_batch = entry(position, "micro_batch", source).toInt();
   c.position.step = entry(position, "step", source).toInt();
   c.position.skipped_steps = entry(position, "skipped_steps", source).toInt();
+  c.position.consecutive_skips = entry(position, "consecutive_skips", source).toInt();
   c.position.epoch_loss_sum = entry(position, "epoch_loss_sum", source).toDouble();
   c.position.epoch_steps = entry(position, "epoch_steps", source).toInt();
   for (const auto& item : as_dict(entry(top, "run", source), source + " run"))
@@ -202,7 +207,7 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const int64_t step = step_of(e.path().filename().string());
-    if (step >= 0 && e.is_regular_file()) found.emplace_back(step, e.path().string());
+    if (step >= 0 && e.is_regular_file(ec)) found.emplace_back(step, e.path().string());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> paths;

@@ -200,6 +200,7 @@ class TrainingRun {
     if (checkpoint) models::load_state_dict(*model_, checkpoint->model, "checkpoint '" + resumed_from_ + "' model");
     amp_ = std::make_unique<amp::Amp>(amp::initialize(*model_, *optimizer_, resolved_opt_level(o), amp_options()));
     if (checkpoint) restore(*checkpoint);
+    if (group_) check_same_position_on_all_ranks();
     if (group_) ddp_ = std::make_unique<parallel::DistributedDataParallel>(model_, *group_);
 
     if (leader_) open_logs();
@@ -225,7 +226,7 @@ class TrainingRun {
     if (leader_) {
       if (!o_.trace().empty()) profiler_->write_chrome_trace(o_.trace(), world_.rank);
       if (!o_.save_model().empty()) save_weights(o_.save_model());
-      if (tensorboard_) tensorboard_->close();
+      close_tensorboard();
     }
     if (group_) group_->barrier();  // nobody exits (tearing the group down) while rank 0 still writes
     result_.peak_rss_mib = peak_rss_mib();
@@ -265,7 +266,7 @@ class TrainingRun {
     er.train_s = seconds_since(t0);
     er.train_loss = pos_.epoch_steps > 0 ? pos_.epoch_loss_sum / static_cast<double>(pos_.epoch_steps) : NAN;
     if (group_) er.train_loss = group_->average(er.train_loss);
-    er.test_acc = evaluate(*model_, [this](const torch::Tensor& x) { return forward(x, /*accumulate=*/false); },
+    er.test_acc = evaluate(*model_, [this](const torch::Tensor& x) { return forward(x); },
                            data_.test, group_.get());
     result_.train_s += er.train_s;
     result_.samples += (n - std::min(n, first * b)) * world_.world_size;  // every rank has n (padding)
@@ -280,51 +281,28 @@ class TrainingRun {
                {"test_acc", er.test_acc}, {"train_s", er.train_s}});
     log_scalar("test/accuracy", er.test_acc);
     if (!o_.checkpoint_dir().empty()) {
-      TrainingPosition at_epoch_end = pos_;  // the checkpoint says: this epoch is done
-      pos_ = TrainingPosition{pos_.epoch + 1, 0, pos_.step, pos_.skipped_steps, 0.0, 0};
+      const TrainingPosition in_epoch = pos_;  // the checkpoint says: this epoch is done
+      pos_.epoch += 1;
+      pos_.micro_batch = 0;
+      pos_.epoch_loss_sum = 0.0;
+      pos_.epoch_steps = 0;
       save_checkpoint();
-      pos_ = at_epoch_end;
+      pos_ = in_epoch;
     }
   }
 
   // One optimizer step over micro-batches [begin, end) of `order`, `samples` samples in all.
   // Returns the step's loss: the mean over those samples, as one batch of that size would give.
   double step(const torch::Tensor& order, int64_t begin, int64_t end, int64_t samples) {
-    const int64_t n = order.size(0), b = o_.batch_size();
     amp_->zero_grad();
     double loss_sum = 0.0;
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t size = std::min(b, n - i * b);
-      torch::Tensor x, y, loss;  // x (B, C, H, W), y (B)
-      {
-        auto phase = profiler_->scope(Phase::kData);
-        std::tie(x, y) = data_.train.batch(order.narrow(0, i * b, size));
+      if (ddp_ && i + 1 < end) {
+        auto guard = ddp_->no_sync();  // held over forward and backward: accumulate locally
+        loss_sum += micro_batch(order, i, samples, loss_sum, /*last=*/false);
+      } else {
+        loss_sum += micro_batch(order, i, samples, loss_sum, /*last=*/i + 1 == end);
       }
-      torch::Tensor out;
-      {
-        auto phase = profiler_->scope(Phase::kForward);
-        auto autocast = amp_->autocast();
-        out = forward(x, /*accumulate=*/i + 1 < end);
-      }
-      {
-        // Each micro-batch's mean loss weighted by its share of the step's samples, so the
-        // accumulated gradient is that of the mean over all of them.
-        auto phase = profiler_->scope(Phase::kLoss);
-        auto autocast = amp_->autocast();
-        loss = torch::nn::functional::cross_entropy(out, y) * (static_cast<double>(size) / static_cast<double>(samples));
-      }
-      loss_sum += loss.item<double>();
-      // The injected NaN spoils only the loss value, not the gradients: only the vote can then
-      // make the other ranks skip too.
-      if (i + 1 == end && pos_.step == o_.inject_nan_step() && world_.rank == o_.inject_nan_rank())
-        loss_sum = std::numeric_limits<double>::quiet_NaN();
-      if (i + 1 == end) start_loss_vote(loss_sum);  // travels while the last backward runs
-      {
-        auto phase = profiler_->scope(Phase::kBackward);
-        amp_->scale_loss(loss).backward();
-      }
-      // DDP's final wait for the gradient all-reduce runs at the end of the last backward.
-      if (ddp_ && i + 1 == end) profiler_->split_tail(Phase::kSync, std::chrono::nanoseconds(ddp_->reducer_stats().finalize_ns));
     }
 
     auto phase = profiler_->scope(Phase::kOptimizer);
@@ -346,7 +324,7 @@ class TrainingRun {
       if (!stepped) count_skip("non-finite gradient (loss scale overflow)", "");
     }
     if (stepped) {
-      consecutive_skips_ = 0;
+      pos_.consecutive_skips = 0;
       pos_.epoch_loss_sum += loss_sum;
       ++pos_.epoch_steps;
     }
@@ -355,14 +333,49 @@ class TrainingRun {
     return loss_sum;
   }
 
-  // The model's output for `x` in fp32, in the opt level's precision; with DDP and `accumulate`,
-  // without reducing gradients (no_sync).
-  torch::Tensor forward(const torch::Tensor& x, bool accumulate) {
+  // Forward and backward of micro-batch `i` of `order`; returns its loss, weighted by its share of
+  // the step's `samples` so the accumulated gradient is that of the mean over all of them.
+  // `loss_before` is the step's loss so far; the `last` micro-batch starts the loss vote.
+  double micro_batch(const torch::Tensor& order, int64_t i, int64_t samples, double loss_before, bool last) {
+    const int64_t b = o_.batch_size(), size = std::min(b, order.size(0) - i * b);
+    torch::Tensor x, y, out, loss;  // x (B, C, H, W), y (B)
+    {
+      auto phase = profiler_->scope(Phase::kData);
+      std::tie(x, y) = data_.train.batch(order.narrow(0, i * b, size));
+    }
+    {
+      auto phase = profiler_->scope(Phase::kForward);
+      auto autocast = amp_->autocast();
+      out = forward(x);
+    }
+    {
+      auto phase = profiler_->scope(Phase::kLoss);
+      auto autocast = amp_->autocast();
+      loss = torch::nn::functional::cross_entropy(out, y) * (static_cast<double>(size) / static_cast<double>(samples));
+    }
+    double value = loss.item<double>();
+    if (last) {
+      // The injected NaN spoils only the loss value, not the gradients: only the vote can then
+      // make the other ranks skip too.
+      if (pos_.step == o_.inject_nan_step() && world_.rank == o_.inject_nan_rank())
+        value = std::numeric_limits<double>::quiet_NaN();
+      start_loss_vote(loss_before + value);  // travels while the last backward runs
+    }
+    {
+      auto phase = profiler_->scope(Phase::kBackward);
+      amp_->scale_loss(loss).backward();
+    }
+    // DDP's final wait for the gradient all-reduce runs at the end of the last backward.
+    if (ddp_ && last) profiler_->split_tail(Phase::kSync, std::chrono::nanoseconds(ddp_->reducer_stats().finalize_ns));
+    return value;
+  }
+
+  // The model's output for `x` (fp32), in the opt level's precision: O2/O3 cast the input to half.
+  // Evaluation uses it without autocast, so at O1 test accuracy is measured in fp32, as the
+  // Python peer does.
+  torch::Tensor forward(const torch::Tensor& x) {
     const torch::Tensor in = amp_->cast_input(x);
-    if (!ddp_) return amp_->cast_output(model_->forward(in));
-    if (!accumulate) return amp_->cast_output(ddp_->forward(in));
-    auto guard = ddp_->no_sync();
-    return amp_->cast_output(ddp_->forward(in));
+    return amp_->cast_output(ddp_ ? ddp_->forward(in) : model_->forward(in));
   }
 
   // Note [Agreeing on non-finite steps]: a step whose loss or gradient is NaN or Inf on any rank
@@ -399,7 +412,7 @@ class TrainingRun {
 
   void count_skip(const std::string& why, const std::string& where) {
     ++pos_.skipped_steps;
-    ++consecutive_skips_;
+    ++pos_.consecutive_skips;
     if (leader_) {
       std::fprintf(stderr, "lockstep: step %lld skipped: %s%s (%lld skipped so far)\n",
                    static_cast<long long>(pos_.step + 1), why.c_str(), where.c_str(),
@@ -407,7 +420,7 @@ class TrainingRun {
       log_event({{"event", "skipped_step"}, {"epoch", pos_.epoch + 1}, {"step", pos_.step + 1}, {"reason", why + where},
                  {"skipped_steps", pos_.skipped_steps}});
     }
-    TORCH_CHECK(consecutive_skips_ < o_.max_skipped_steps(), "rank ", world_.rank, ": aborting: ", consecutive_skips_,
+    TORCH_CHECK(pos_.consecutive_skips < o_.max_skipped_steps(), "rank ", world_.rank, ": aborting: ", pos_.consecutive_skips,
                 " consecutive steps had a non-finite loss or gradient (the last, step ", pos_.step + 1, ": ", why,
                 where, "); lower --lr, set --clip-norm, or check the data. --max-skipped-steps=",
                 o_.max_skipped_steps(), " sets how many in a row are tolerated");
@@ -452,10 +465,21 @@ class TrainingRun {
     }
   }
 
+  void close_tensorboard() {
+    if (!tensorboard_) return;
+    try {
+      tensorboard_->close();
+    } catch (const c10::Error& e) {
+      std::fprintf(stderr, "lockstep: error: TensorBoard logging stopped: %s\n", e.what_without_backtrace());
+    }
+    tensorboard_.reset();
+  }
+
   // --- checkpoints -----------------------------------------------------------------------------
 
-  // The model's state dict in full precision: at O2 its half parameters are replaced by their
-  // fp32 masters, so a checkpoint resumes exactly and --save-model files are fp32 as usual.
+  // The model's state dict with O2's half parameters replaced by their fp32 masters, so a
+  // checkpoint resumes exactly and --save-model files are fp32 as usual. O3 has no masters: its
+  // files hold the half weights it trains.
   c10::Dict<std::string, torch::Tensor> full_precision_weights() const {
     c10::Dict<std::string, torch::Tensor> weights = models::state_dict_to_dict(*model_);
     const auto params = model_->named_parameters();
@@ -514,6 +538,7 @@ class TrainingRun {
     run.insert("seed", static_cast<int64_t>(o_.seed()));
     run.insert("precision", o_.precision());
     run.insert("opt_level", amp::to_string(resolved_opt_level(o_)));
+    run.insert("loss_scale", amp_loss_scale());
     return run;
   }
 
@@ -537,8 +562,6 @@ class TrainingRun {
     TORCH_CHECK_VALUE(c.position.epoch < o_.epochs(), "checkpoint '", path, "' has completed ", c.position.epoch,
                       " epochs and --epochs is ", o_.epochs(), "; --epochs counts from the start of training: pass ",
                       "more than ", c.position.epoch, " to train further");
-    TORCH_CHECK(static_cast<int64_t>(c.rng.size()) == world_.world_size, "checkpoint '", path, "' holds ",
-                c.rng.size(), " RNG states for world size ", world_.world_size);
     resumed_from_ = path;
     return c;
   }
@@ -558,6 +581,17 @@ class TrainingRun {
                   static_cast<long long>(pos_.epoch + 1), static_cast<long long>(pos_.step));
   }
 
+  // Every rank resumes from the same step, or none does: a rank that found another checkpoint
+  // (no shared filesystem, a file written in between) would train a different number of steps.
+  void check_same_position_on_all_ranks() {
+    torch::Tensor steps = torch::tensor({pos_.step, -pos_.step}, torch::kInt64);
+    group_->all_reduce(steps, dist::ReduceOp::kMax);
+    TORCH_CHECK(steps[0].item<int64_t>() == -steps[1].item<int64_t>(), "rank ", world_.rank, " resumes at step ",
+                pos_.step, (resumed_from_.empty() ? " (no checkpoint)" : " from '" + resumed_from_ + "'"),
+                " but other ranks resume between steps ", -steps[1].item<int64_t>(), " and ", steps[0].item<int64_t>(),
+                ": every rank must see the same checkpoint directory (a shared filesystem across nodes)");
+  }
+
   // --- set-up ----------------------------------------------------------------------------------
 
   LrScheduleOptions schedule_options() const {
@@ -572,12 +606,18 @@ class TrainingRun {
         .milestones(o_.lr_milestones());
   }
 
+  // --loss-scale with its default filled in: bf16 has fp32's exponent range, so its gradients need
+  // no scaling (torch.autocast recipes use no GradScaler with bf16); fp16 takes the opt level's
+  // default, as in Apex ("" here).
+  std::string amp_loss_scale() const {
+    if (!o_.loss_scale().empty()) return o_.loss_scale();
+    return o_.precision() == "bf16" ? "none" : "";
+  }
+
   amp::AmpOptions amp_options() {
     amp::AmpOptions a = amp::AmpOptions().group(group_.get());
     a.dtype(o_.precision() == "fp16" ? torch::kHalf : torch::kBFloat16);
-    // bf16 has fp32's exponent range, so its gradients need no scaling (torch.autocast recipes use
-    // no GradScaler with bf16); fp16 takes the opt level's default, as in Apex.
-    const std::string scale = o_.loss_scale().empty() && o_.precision() == "bf16" ? "none" : o_.loss_scale();
+    const std::string scale = amp_loss_scale();
     if (scale == "none") {
       a.loss_scale(amp::GradScalerOptions().enabled(false));
     } else if (scale == "dynamic") {
@@ -630,7 +670,6 @@ class TrainingRun {
   std::unique_ptr<StepProfiler> profiler_;
   TrainingPosition pos_;
   std::string resumed_from_;
-  int64_t consecutive_skips_ = 0;
   torch::Tensor vote_;                          // See Note [Agreeing on non-finite steps]
   c10::intrusive_ptr<c10d::Work> vote_work_;
   std::ofstream jsonl_;

@@ -201,7 +201,7 @@ TEST(GradScaler, LoadStateDictErrorsNameTheKey) {
   GradScaler scaler;
   auto load_without = [&](const std::string& key) {
     StateDict state = GradScaler().state_dict();
-    state.erase(key);
+    static_cast<void>(state.erase(key));
     return error_message([&] { scaler.load_state_dict(state); });
   };
   EXPECT_THAT(load_without("_growth_tracker"), HasSubstr("missing key '_growth_tracker'"));

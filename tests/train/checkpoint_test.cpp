@@ -150,6 +150,7 @@ TEST(Checkpoint, ListingIgnoresTemporaryFilesAndKeepLastRemovesTheOldest) {
   for (int64_t step : {30, 10, 20}) write_file_atomic(checkpoint_path(dir.path(), step), {'x'});
   write_file_atomic(dir / "step-00000040.pt.tmp.123", {'x'});  // an interrupted write
   write_file_atomic(dir / "notes.txt", {'x'});
+  write_file_atomic(dir / "step-123456789012345678901234.pt", {'x'});  // too many digits for a step
   EXPECT_EQ(checkpoint_path(dir.path(), 10), dir / "step-00000010.pt");
   EXPECT_EQ(list_checkpoints(dir.path()),
             (std::vector<std::string>{dir / "step-00000010.pt", dir / "step-00000020.pt", dir / "step-00000030.pt"}));

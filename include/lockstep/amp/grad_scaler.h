@@ -54,7 +54,7 @@ class GradScaler {
   explicit GradScaler(GradScalerOptions options = {});
 
   // outputs * scale, computed in fp32 at least (half outputs are promoted, as in Python, so the
-  // 65536 default cannot overflow an fp16 loss). A 0-dim loss comes back shaped (1).
+  // 65536 default cannot overflow an fp16 loss). The loss keeps its shape.
   torch::Tensor scale(const torch::Tensor& outputs) const;
   // Divides the optimizer's gradients by the scale in place and records whether any was inf/NaN.
   // At most once per optimizer between update()s.

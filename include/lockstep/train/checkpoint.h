@@ -17,6 +17,7 @@ struct TrainingPosition {
   int64_t micro_batch = 0;      // micro-batches of that epoch already consumed, per rank
   int64_t step = 0;             // optimizer steps since the start of training, skipped ones included
   int64_t skipped_steps = 0;    // steps skipped for a non-finite loss or gradient
+  int64_t consecutive_skips = 0;  // of those, the latest in a row (for --max-skipped-steps)
   double epoch_loss_sum = 0.0;  // sum of this epoch's step losses so far (for the epoch's mean)
   int64_t epoch_steps = 0;      // steps of this epoch so far
 };
@@ -27,7 +28,7 @@ c10::impl::GenericDict string_dict();
 // One checkpoint file: a pickled dict that Python's torch.load reads, with the keys
 //   "format": "lockstep-checkpoint-1", "position": {...}, "run": {...},
 //   "model": state dict (name -> tensor, torch.load + load_state_dict accept it),
-//   "optimizer": PyTorch's optimizer.state_dict() layout, "scaler": GradScaler.state_dict() or None,
+//   "optimizer": PyTorch's optimizer.state_dict() layout, "scaler": GradScaler.state_dict() ({} without loss scaling),
 //   "rng": [per-rank CPU generator state, uint8 tensors]
 struct Checkpoint {
   TrainingPosition position;
