@@ -37,7 +37,11 @@ c10::Dict<std::string, torch::Tensor> state_dict_to_dict(const torch::nn::Module
 }
 
 void save_state_dict(const torch::nn::Module& model, const std::string& path) {
-  write_file_atomic(path, torch::pickle_save(state_dict_to_dict(model)));
+  save_state_dict(state_dict_to_dict(model), path);
+}
+
+void save_state_dict(const c10::Dict<std::string, torch::Tensor>& dict, const std::string& path) {
+  write_file_atomic(path, torch::pickle_save(dict));
 }
 
 void load_state_dict(torch::nn::Module& model, const c10::IValue& dict, const std::string& source) {

@@ -18,7 +18,6 @@
 #include <limits>
 
 #include "lockstep/amp/opt_level.h"
-#include "lockstep/core/atomic_file.h"
 #include "lockstep/core/process.h"
 #include "lockstep/core/world.h"
 #include "lockstep/data/distributed_sampler.h"
@@ -208,12 +207,9 @@ class TrainingRun {
   }
 
   TrainResult run() {
-    for (; pos_.epoch < o_.epochs(); ++pos_.epoch) {
+    for (; pos_.epoch < o_.epochs(); pos_ = pos_.next_epoch()) {
       sampler_->set_epoch(pos_.epoch);
       train_epoch(sampler_->indices());
-      pos_.micro_batch = 0;
-      pos_.epoch_loss_sum = 0.0;
-      pos_.epoch_steps = 0;
     }
     result_.samples_per_s = static_cast<double>(result_.samples) / result_.train_s;
     if (group_) result_.samples_per_s = group_->average(result_.samples_per_s);  // smooths rank jitter
@@ -225,7 +221,7 @@ class TrainingRun {
     if (profiler_->enabled()) result_.profile = profiler_->report();
     if (leader_) {
       if (!o_.trace().empty()) profiler_->write_chrome_trace(o_.trace(), world_.rank);
-      if (!o_.save_model().empty()) save_weights(o_.save_model());
+      if (!o_.save_model().empty()) models::save_state_dict(full_precision_weights(), o_.save_model());
       close_tensorboard();
     }
     if (group_) group_->barrier();  // nobody exits (tearing the group down) while rank 0 still writes
@@ -257,7 +253,7 @@ class TrainingRun {
           log_step(loss, static_cast<double>((sample_end - first * b) * world_.world_size) / seconds_since(t0));
       }
       profiler_->end_step();
-      if (o_.save_every() > 0 && pos_.step % o_.save_every() == 0 && end < micro_batches) save_checkpoint();
+      if (o_.save_every() > 0 && pos_.step % o_.save_every() == 0 && end < micro_batches) save_checkpoint(pos_);
     }
     if (show) progress.finish();
 
@@ -280,15 +276,7 @@ class TrainingRun {
     log_event({{"event", "epoch"}, {"epoch", er.epoch}, {"step", pos_.step}, {"train_loss", er.train_loss},
                {"test_acc", er.test_acc}, {"train_s", er.train_s}});
     log_scalar("test/accuracy", er.test_acc);
-    if (!o_.checkpoint_dir().empty()) {
-      const TrainingPosition in_epoch = pos_;  // the checkpoint says: this epoch is done
-      pos_.epoch += 1;
-      pos_.micro_batch = 0;
-      pos_.epoch_loss_sum = 0.0;
-      pos_.epoch_steps = 0;
-      save_checkpoint();
-      pos_ = in_epoch;
-    }
+    if (!o_.checkpoint_dir().empty()) save_checkpoint(pos_.next_epoch());  // this epoch is done
   }
 
   // One optimizer step over micro-batches [begin, end) of `order`, `samples` samples in all.
@@ -488,24 +476,20 @@ class TrainingRun {
     return weights;
   }
 
-  void save_weights(const std::string& path) const {
-    write_file_atomic(path, torch::pickle_save(full_precision_weights()));
-  }
-
-  // Everything a resumed run needs to continue exactly. Collective: every rank contributes its RNG
-  // state; rank 0 writes and the others wait for it.
-  void save_checkpoint() {
+  // Everything a resumed run needs to continue exactly from `at`. Collective: every rank
+  // contributes its RNG state; rank 0 writes and the others wait for it.
+  void save_checkpoint(const TrainingPosition& at) {
     torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();  // (5056) uint8
     std::vector<torch::Tensor> rngs = group_ ? group_->all_gather(rng) : std::vector<torch::Tensor>{rng};
     if (leader_) {
       Checkpoint c;
-      c.position = pos_;
+      c.position = at;
       c.run = run_settings();
       c.model = full_precision_weights();
       c.optimizer = sgd_state_dict(*optimizer_);
       c.scaler = amp_->grad_scaler().state_dict();
       c.rng = rngs;
-      const std::string path = checkpoint_path(o_.checkpoint_dir(), pos_.step);
+      const std::string path = checkpoint_path(o_.checkpoint_dir(), at.step);
       try {
         std::filesystem::create_directories(o_.checkpoint_dir());
         train::save_checkpoint(c, path);
@@ -513,7 +497,7 @@ class TrainingRun {
       } catch (const std::exception& e) {
         const auto last = latest_checkpoint(o_.checkpoint_dir());
         std::fprintf(stderr, "lockstep: error: checkpoint at step %lld not saved: %s; training goes on, the last "
-                     "good checkpoint is %s\n", static_cast<long long>(pos_.step), error_text(e).c_str(),
+                     "good checkpoint is %s\n", static_cast<long long>(at.step), error_text(e).c_str(),
                      last ? ("'" + *last + "'").c_str() : "(none)");
       }
     }
@@ -595,7 +579,7 @@ class TrainingRun {
   // --- set-up ----------------------------------------------------------------------------------
 
   LrScheduleOptions schedule_options() const {
-    const int64_t micro_batches = (sampler_->indices().size(0) + o_.batch_size() - 1) / o_.batch_size();
+    const int64_t micro_batches = (sampler_->num_samples() + o_.batch_size() - 1) / o_.batch_size();
     const int64_t steps_per_epoch = (micro_batches + o_.accum_steps() - 1) / o_.accum_steps();
     return LrScheduleOptions(scale_lr(o_.lr(), o_.scale_lr(), world_.world_size * o_.accum_steps()))
         .kind(o_.lr_schedule())

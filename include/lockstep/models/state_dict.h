@@ -20,6 +20,8 @@ c10::Dict<std::string, torch::Tensor> state_dict_to_dict(const torch::nn::Module
 // Writes state_dict(model) (as CPU tensors) atomically to `path` in PyTorch's zip format:
 // Python's torch.load(path) returns a dict key -> tensor that load_state_dict accepts.
 void save_state_dict(const torch::nn::Module& model, const std::string& path);
+// The same for a dict already made (e.g. state_dict_to_dict with some tensors replaced).
+void save_state_dict(const c10::Dict<std::string, torch::Tensor>& dict, const std::string& path);
 
 // Copies `dict` (str -> Tensor) into the model's parameters and buffers, strictly, as Python's
 // model.load_state_dict(dict): every key must match, shapes must agree; dtypes are converted.

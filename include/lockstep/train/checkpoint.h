@@ -20,6 +20,16 @@ struct TrainingPosition {
   int64_t consecutive_skips = 0;  // of those, the latest in a row (for --max-skipped-steps)
   double epoch_loss_sum = 0.0;  // sum of this epoch's step losses so far (for the epoch's mean)
   int64_t epoch_steps = 0;      // steps of this epoch so far
+
+  // Where the next epoch starts: step and skip counts carry on, the per-epoch fields restart.
+  TrainingPosition next_epoch() const {
+    TrainingPosition p = *this;
+    p.epoch = epoch + 1;
+    p.micro_batch = 0;
+    p.epoch_loss_sum = 0.0;
+    p.epoch_steps = 0;
+    return p;
+  }
 };
 
 // An empty insertion-ordered dict str -> any (pickles as a Python dict).
