@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <iomanip>
+#include <iostream>
 #include <sstream>
 
 #include "lockstep/amp/autocast.h"
@@ -28,6 +30,7 @@ using namespace lockstep;
 
 // The optimizer's state (momentum buffers, learning rate) as LibTorch serialises it, kept as a
 // uint8 tensor: this works for any torch::optim optimizer and keeps the checkpoint one file.
+// Python's torch.load sees those bytes as a tensor; only LibTorch reads what is inside.
 torch::Tensor optimizer_bytes(torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
   optimizer.save(archive);
@@ -48,6 +51,7 @@ int main(int argc, char** argv) {
   double lr = 0.02;
   std::string data_dir = data::kDefaultFashionMnistDir, checkpoint = "checkpoint.pt", resume;
   CLI::App app("Trains a convnet with DDP and bf16 autocast; start it with `lockstep run`.");
+  app.option_defaults()->always_capture_default();  // --help shows the defaults
   app.add_option("--epochs", epochs, "epochs in total, those of a resumed checkpoint included");
   app.add_option("--batch-size", batch_size, "samples per step on each rank")->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "SGD learning rate (momentum 0.9)");
@@ -88,10 +92,9 @@ int main(int argc, char** argv) {
     data::DistributedSampler sampler(train.size(), data::DistributedSamplerOptions()
         .num_replicas(group->size()).rank(group->rank()).seed(static_cast<uint64_t>(seed)));
     if (rank0)
-      std::printf("%lld ranks, %lld %s samples, batch %lld per rank, bf16 autocast, from epoch %lld\n",
-                  static_cast<long long>(group->size()), static_cast<long long>(train.size()),
-                  real_data ? "Fashion-MNIST" : "synthetic", static_cast<long long>(batch_size),
-                  static_cast<long long>(start_epoch + 1));
+      std::cout << "world size " << group->size() << ", " << train.size()
+                << (real_data ? " Fashion-MNIST" : " synthetic") << " samples, batch " << batch_size
+                << " per rank, bf16 autocast, from epoch " << start_epoch + 1 << "\n";
 
     for (int64_t epoch = start_epoch; epoch < epochs; ++epoch) {
       const auto start = std::chrono::steady_clock::now();
@@ -126,13 +129,13 @@ int main(int argc, char** argv) {
         state.insert("epoch", epoch + 1);
         write_file_atomic(checkpoint, torch::pickle_save(state));
         const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-        std::printf("epoch %lld/%lld: loss %.4f at the first step, %.4f mean, %.1f s, saved %s\n",
-                    static_cast<long long>(epoch + 1), static_cast<long long>(epochs), first_loss,
-                    mean_loss, took.count(), checkpoint.c_str());
+        std::cout << std::fixed << std::setprecision(4) << "epoch " << epoch + 1 << "/" << epochs << ": loss "
+                  << first_loss << " at the first step, " << mean_loss << " mean, " << std::setprecision(1)
+                  << took.count() << " s, saved " << checkpoint << "\n";
       }
     }
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "ddp_train: %s\n", e.what_without_backtrace());
+    std::cerr << "ddp_train: " << e.what_without_backtrace() << "\n";
     return 1;
   }
 }

@@ -56,7 +56,7 @@ TEST(DdpTrainExample, TrainsOnTwoRanksAndWritesACheckpointPythonLoads) {
   testing::TempDir dir;
   auto r = run_example(dir, "run", "--epochs 2 --checkpoint " + (dir / "ckpt.pt"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_THAT(r.output, ::testing::HasSubstr("[rank 0] 2 ranks, 1200 Fashion-MNIST samples"));
+  EXPECT_THAT(r.output, ::testing::HasSubstr("[rank 0] world size 2, 1200 Fashion-MNIST samples"));
   EXPECT_THAT(r.output, ::testing::Not(::testing::HasSubstr("[rank 1] epoch")));  // rank 0 prints
 
   const auto epochs = epoch_lines(r.output);
