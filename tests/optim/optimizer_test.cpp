@@ -10,6 +10,7 @@
 
 #include "../test_util.h"
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/torch_load.h"
 #include "lockstep/models/state_dict.h"
 
 namespace lockstep::optim {
@@ -53,7 +54,8 @@ void train(torch::nn::Sequential& model, torch::optim::Optimizer& optimizer, con
 c10::impl::GenericDict string_dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
 c10::impl::GenericDict load_dict(const std::string& path) {
-  const c10::IValue v = torch::pickle_load(read_file(path));
+  // torch_load, not torch::pickle_load: Python's files hold OrderedDicts and one-entry dicts.
+  const c10::IValue v = torch_load(read_file(path), path);
   EXPECT_TRUE(v.isGenericDict()) << path << " holds a " << v.tagKind();
   return v.toGenericDict();
 }

@@ -87,7 +87,7 @@ def continue_training(path, kwargs, first, steps, out):
     opt.load_state_dict(saved["optimizer"])
     report["loaded_lr"] = opt.param_groups[0]["lr"]
     train(model, opt, saved["x"], saved["y"], first, steps)
-    torch.save({"model": dict(model.state_dict()), "steps": first + steps}, out)
+    torch.save({"model": model.state_dict()}, out)
     print(json.dumps(report))
 
 
@@ -96,9 +96,9 @@ def train_and_save(path, kwargs, k, m, saved_path, final_path):
     model = make_model(saved["model"])
     opt = make_optimizer(saved["kind"], model.parameters(), kwargs)
     train(model, opt, saved["x"], saved["y"], 0, k)
-    torch.save({"model": dict(model.state_dict()), "optimizer": opt.state_dict()}, saved_path)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, saved_path)
     train(model, opt, saved["x"], saved["y"], k, m)
-    torch.save({"model": dict(model.state_dict()), "steps": k + m}, final_path)
+    torch.save({"model": model.state_dict()}, final_path)
 
 
 if __name__ == "__main__":
