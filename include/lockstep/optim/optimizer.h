@@ -1,0 +1,80 @@
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Optional.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lockstep::optim {
+
+// The optimizers lockstep builds and whose state it saves: LibTorch's torch::optim::SGD, Adam and
+// AdamW, which update parameters as Python's torch.optim classes of the same names do.
+enum class OptimizerKind { kSGD, kAdam, kAdamW };
+
+// {"sgd", "adam", "adamw"}, in OptimizerKind's order: the one list of allowed names (flags, help
+// text and errors all read it).
+const std::vector<std::string>& optimizer_names();
+// One of optimizer_names(); anything else is an error listing them.
+OptimizerKind parse_optimizer(const std::string& name);
+std::string to_string(OptimizerKind kind);
+
+// What make_optimizer builds. Defaults are PyTorch's for the kind. Options that belong to one kind
+// only are refused by validate() when set away from their default for another kind (momentum=0.9
+// for adam is a mistake, not a request).
+struct OptimizerOptions {
+  explicit OptimizerOptions(OptimizerKind kind, double lr);
+
+  TORCH_ARG(OptimizerKind, kind);
+  TORCH_ARG(double, lr);  // >= 0
+  // sgd only. Dampening is always 0 (PyTorch's default); nesterov needs momentum > 0.
+  TORCH_ARG(double, momentum) = 0.0;
+  TORCH_ARG(bool, nesterov) = false;
+  // adam and adamw only: Python's betas = (beta1, beta2), each in [0, 1); eps > 0.
+  TORCH_ARG(double, beta1) = 0.9;
+  TORCH_ARG(double, beta2) = 0.999;
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(bool, amsgrad) = false;
+  // >= 0. Unset: PyTorch's default for the kind, see weight_decay_or_default(). For sgd and adam it
+  // is added to the gradient (L2); for adamw it is decoupled (p *= 1 - lr * weight_decay).
+  TORCH_ARG(c10::optional<double>, weight_decay) = c10::nullopt;
+
+ public:
+  // weight_decay() if set, else 0 for sgd and adam, 0.01 for adamw.
+  double weight_decay_or_default() const;
+  // Throws c10::ValueError naming the optimizer, the option and its value: non-finite numbers,
+  // lr < 0, momentum < 0, nesterov without momentum, betas outside [0, 1), eps <= 0,
+  // weight_decay < 0, and options of another kind set away from their defaults.
+  void validate() const;
+};
+
+// A LibTorch optimizer over `params` (one parameter group) with `options`, validated first.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tensor> params,
+                                                        const OptimizerOptions& options);
+
+// The optimizer's state in the layout of Python's optimizer.state_dict() (Note [Optimizer state
+// layout] in optimizer.cpp):
+//   {"state": {index: {name: tensor}}, "param_groups": [{hyperparameters..., "params": [index...]}]}
+// with parameters numbered 0, 1, ... in order across groups. State tensors are CPU copies.
+// Python's load_state_dict accepts it, and torch::pickle_save writes it so that torch.load reads
+// it. Throws for an optimizer that is not a torch::optim::SGD, Adam or AdamW.
+c10::IValue optimizer_state_dict(const torch::optim::Optimizer& optimizer);
+
+// Replaces the optimizer's hyperparameters and state with `state`'s, as Python's
+// optimizer.load_state_dict: written by optimizer_state_dict, by Python's state_dict() of the same
+// kind, or (sgd) by lockstep before this module existed. Everything is checked before anything is
+// changed; errors name `source`, the group or parameter index, and the shapes or values that
+// disagree. State tensors take the parameter's dtype and device.
+void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& state,
+                               const std::string& source);
+
+// Bytes held by the optimizer's state tensors (SGD's momentum buffers; Adam's and AdamW's exp_avg,
+// exp_avg_sq and max_exp_avg_sq): the optimizer's share of training memory. 0 before the first step.
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+
+}  // namespace lockstep::optim
