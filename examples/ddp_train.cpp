@@ -14,7 +14,6 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
-#include <sstream>
 
 #include "lockstep/amp/autocast.h"
 #include "lockstep/amp/grad_scaler.h"
@@ -24,27 +23,10 @@
 #include "lockstep/dist/process_group.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/models/zoo.h"
+#include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/distributed_data_parallel.h"
 
 using namespace lockstep;
-
-// The optimizer's state (momentum buffers, learning rate) as LibTorch serialises it, kept as a
-// uint8 tensor: this works for any torch::optim optimizer and keeps the checkpoint one file.
-// Python's torch.load sees those bytes as a tensor; only LibTorch reads what is inside.
-torch::Tensor optimizer_bytes(torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  const std::string s = out.str();
-  return torch::from_blob(const_cast<char*>(s.data()), {static_cast<int64_t>(s.size())}, torch::kUInt8).clone();
-}
-
-void load_optimizer(torch::optim::Optimizer& optimizer, const torch::Tensor& bytes) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
-  optimizer.load(archive);
-}
 
 int main(int argc, char** argv) {
   int64_t epochs = 3, batch_size = 50, limit = 0, seed = 0;
@@ -82,7 +64,7 @@ int main(int argc, char** argv) {
     if (!resume.empty()) {  // every rank reads the file: on several nodes, put it where all see it
       const auto saved = torch::pickle_load(read_file(resume)).toGenericDict();
       models::load_state_dict(*model, saved.at("model"), resume);
-      load_optimizer(optimizer, saved.at("optimizer").toTensor());
+      optim::load_optimizer_state_dict(optimizer, saved.at("optimizer"), resume);
       scaler.load_state_dict(saved.at("scaler").toGenericDict());
       start_epoch = saved.at("epoch").toInt();
     }
@@ -120,11 +102,11 @@ int main(int argc, char** argv) {
       first_loss = group->average(first_loss);
       const double mean_loss = group->average(loss_sum / static_cast<double>(steps));
       if (rank0) {
-        // The weights (a state dict Python's load_state_dict takes), the optimizer, the scaler and
-        // the epochs done. Written atomically: a crash mid-write leaves the previous file intact.
+        // The weights and the optimizer's state (state dicts Python's load_state_dict methods take),
+        // the scaler and the epochs done. Written atomically: a crash mid-write leaves the previous file intact.
         c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
         state.insert("model", models::state_dict_to_dict(*model));
-        state.insert("optimizer", optimizer_bytes(optimizer));
+        state.insert("optimizer", optim::optimizer_state_dict(optimizer));
         state.insert("scaler", scaler.state_dict());
         state.insert("epoch", epoch + 1);
         write_file_atomic(checkpoint, torch::pickle_save(state));

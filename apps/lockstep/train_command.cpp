@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "lockstep/core/names.h"
 #include "lockstep/core/process.h"
 #include "lockstep/models/zoo.h"
 #include "lockstep/train/lr_schedule.h"
@@ -32,6 +33,18 @@ void parse_injection(const std::string& text, train::TrainOptions& o) {
   TORCH_CHECK_VALUE(ok, "--inject-nan '", text, "' is not STEP or STEP@RANK (e.g. 5@1)");
 }
 
+// An option whose values are an enum's names (its one list, see core/names.h); `set` gets the enum.
+template <typename Enum, typename Set>
+CLI::Option* add_enum_option(CLI::App* cmd, const std::string& flag, const std::vector<std::string>& names, Set set,
+                             const std::string& help, const std::string& default_name) {
+  return cmd
+      ->add_option_function<std::string>(
+          flag, [names, set](const std::string& v) { set(enum_from_name<Enum>(names, v, "value")); },
+          help)
+      ->check(CLI::IsMember(names))
+      ->default_str(default_name);
+}
+
 }  // namespace
 
 Command add_train_command(CLI::App& app) {
@@ -43,18 +56,31 @@ Command add_train_command(CLI::App& app) {
   const auto& models = models::model_names();
   cmd->add_option("--model", o->model(), "Reference model: " + c10::Join(", ", models))
       ->check(CLI::IsMember(models));
-  cmd->add_option("--data", o->data(), "Dataset: fashion-mnist or synthetic (seeded random images)")
-      ->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
+  add_enum_option<train::DataSource>(cmd, "--data", train::data_source_names(), [o](auto v) { o->data(v); },
+                                     "Dataset (synthetic: seeded random images)", "fashion-mnist");
+  add_enum_option<parallel::StrategyKind>(cmd, "--strategy", parallel::strategy_names(), [o](auto v) { o->strategy(v); },
+                                          "How ranks hold and step the model", "ddp under a launcher, else local");
   cmd->add_option("--data-dir", o->data_dir(), "Directory with the Fashion-MNIST IDX files");
   cmd->add_option("--limit", o->limit(), "Use only the first N training samples (0: all)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--epochs", o->epochs(), "Epochs to train")->check(CLI::PositiveNumber);
   cmd->add_option("--batch-size", o->batch_size(), "Samples per step, per process")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--lr", o->lr(), "SGD learning rate")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--momentum", o->momentum(), "SGD momentum")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--weight-decay", o->weight_decay(), "SGD weight decay (L2)")
-      ->check(CLI::NonNegativeNumber);
+  auto* opt = "Optimizer";
+  add_enum_option<optim::OptimizerKind>(cmd, "--optimizer", optim::optimizer_names(), [o](auto v) { o->optimizer(v); },
+                                        "Optimizer, with PyTorch's defaults", "sgd")
+      ->group(opt);
+  cmd->add_option_function<double>("--lr", [o](double v) { o->lr(v); }, "Learning rate")
+      ->default_str("0.02 for sgd, 0.001 for adam and adamw")->check(CLI::NonNegativeNumber)->group(opt);
+  cmd->add_option_function<double>("--momentum", [o](double v) { o->momentum(v); }, "sgd momentum")
+      ->default_str("0.9")->check(CLI::NonNegativeNumber)->group(opt);
+  auto betas = std::make_shared<std::vector<double>>();
+  cmd->add_option("--betas", *betas, "adam, adamw: beta1,beta2 (default 0.9,0.999)")->delimiter(',')->expected(2)
+      ->group(opt);
+  cmd->add_option("--eps", o->eps(), "adam, adamw: term added to the denominator")->check(CLI::PositiveNumber)->group(opt);
+  cmd->add_option_function<double>("--weight-decay", [o](double v) { o->weight_decay(v); },
+                                    "Weight decay (adamw: decoupled)")
+      ->default_str("0.01 for adamw, 0 otherwise")->check(CLI::NonNegativeNumber)->group(opt);
   cmd->add_option("--seed", o->seed(), "Seed for initialisation and data order");
   cmd->add_option("--threads", o->threads(),
                   "Intra-op threads (0: cores / LOCAL_WORLD_SIZE, here " +
@@ -72,12 +98,15 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--trace", o->trace(), "Write the step phases as a Chrome trace (chrome://tracing, Perfetto)");
 
   auto* lr = "Learning rate";
-  cmd->add_option("--lr-schedule", o->lr_schedule(), "Learning-rate schedule by optimizer step")
-      ->check(CLI::IsMember(train::lr_schedule_names()))->group(lr);
+  add_enum_option<train::LrScheduleKind>(cmd, "--lr-schedule", train::lr_schedule_names(),
+                                         [o](auto v) { o->lr_schedule(v); }, "Learning-rate schedule by optimizer step",
+                                         "constant")
+      ->group(lr);
   cmd->add_option("--warmup-steps", o->warmup_steps(), "Linear warmup over the first N optimizer steps")
       ->check(CLI::NonNegativeNumber)->group(lr);
-  cmd->add_option("--scale-lr", o->scale_lr(), "Scale --lr by world size x accum steps: none, linear or sqrt")
-      ->check(CLI::IsMember(train::lr_scale_rule_names()))->group(lr);
+  add_enum_option<train::LrScaleRule>(cmd, "--scale-lr", train::lr_scale_rule_names(), [o](auto v) { o->scale_lr(v); },
+                                      "Scale --lr by world size x accum steps", "none")
+      ->group(lr);
   cmd->add_option("--lr-step-size", o->lr_step_size(), "step schedule: decay every N optimizer steps")
       ->check(CLI::NonNegativeNumber)->group(lr);
   cmd->add_option("--lr-gamma", o->lr_gamma(), "step and multistep schedules: decay factor")->group(lr);
@@ -85,10 +114,12 @@ Command add_train_command(CLI::App& app) {
       ->delimiter(',')->group(lr);
 
   auto* mp = "Mixed precision";
-  cmd->add_option("--precision", o->precision(), "fp32, bf16 or fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->group(mp);
-  cmd->add_option("--opt-level", o->opt_level(), "Apex opt level O0-O3 (default: O0 for fp32, O1 otherwise)")
-      ->check(CLI::IsMember({"O0", "O1", "O2", "O3"}))->group(mp);
+  add_enum_option<train::Precision>(cmd, "--precision", train::precision_names(), [o](auto v) { o->precision(v); },
+                                    "Training precision", "fp32")
+      ->group(mp);
+  add_enum_option<amp::OptLevel>(cmd, "--opt-level", amp::opt_level_names(), [o](auto v) { o->opt_level(v); },
+                                 "Apex opt level", "O0 for fp32, O1 otherwise")
+      ->group(mp);
   cmd->add_option("--loss-scale", o->loss_scale(), "dynamic, none or a fixed number (default: none for bf16; for fp16 dynamic at O1/O2)")
       ->group(mp);
   cmd->add_flag("--report-memory", o->report_memory(), "Every rank prints its parameter, gradient and optimizer bytes")
@@ -122,8 +153,9 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--inject-nan", *inject, "Testing: make step S's loss NaN on rank R (S or S@R, S 0-based)")
       ->group(step);
 
-  return {cmd, [o, quiet, inject] {
+  return {cmd, [o, quiet, inject, betas] {
             if (!inject->empty()) parse_injection(*inject, *o);
+            if (!betas->empty()) o->beta1((*betas)[0]).beta2((*betas)[1]);
             auto result = train::train(o->progress(!*quiet));
             if (result.rank == 0) std::cout << result.profile << result.summary_json() << std::endl;
             return 0;

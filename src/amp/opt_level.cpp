@@ -7,6 +7,8 @@
 #include <string>
 #include <unordered_set>
 
+#include "lockstep/core/names.h"
+
 namespace lockstep::amp {
 namespace {
 
@@ -50,9 +52,9 @@ std::vector<Converted> tensors_to_convert(torch::nn::Module& model, OptLevel lev
 // step copies the half gradients into the masters, steps them, and copies them back rounded.
 // Anything that writes the model's weights after initialize (DistributedDataParallel taking rank
 // 0's, a checkpoint load) would be undone by the next copy back, silently and differently on each
-// rank. So initialize with a group first gives every rank rank 0's weights (DDP's broadcast then
-// changes nothing), and the first unscale_ checks that every half parameter still equals its
-// master rounded.
+// rank. So ranks must agree before initialize (parallel::sync_module_states, as DdpStrategy does:
+// it checks that the models match before any weight travels, and the weights travel once), and
+// the first unscale_ checks that every half parameter still equals its master rounded.
 std::vector<torch::Tensor> make_masters(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params,
                                         const std::vector<Converted>& converted) {
   TORCH_CHECK(optimizer.state().empty(), "amp::initialize at O2 needs an optimizer that has not stepped yet, but it ",
@@ -80,13 +82,14 @@ std::vector<torch::Tensor> make_masters(torch::optim::Optimizer& optimizer, cons
 
 }  // namespace
 
-OptLevel parse_opt_level(const std::string& text) {
-  for (OptLevel level : {OptLevel::kO0, OptLevel::kO1, OptLevel::kO2, OptLevel::kO3})
-    if (text == to_string(level)) return level;
-  TORCH_CHECK(false, "unknown opt level '", text, "': expected O0, O1, O2 or O3");
+const std::vector<std::string>& opt_level_names() {
+  static const std::vector<std::string> names{"O0", "O1", "O2", "O3"};
+  return names;
 }
 
-std::string to_string(OptLevel level) { return "O" + std::to_string(static_cast<int>(level)); }
+OptLevel parse_opt_level(const std::string& text) { return enum_from_name<OptLevel>(opt_level_names(), text, "opt level"); }
+
+std::string to_string(OptLevel level) { return enum_name(opt_level_names(), level); }
 
 void check_precision_supported(torch::Device device, torch::ScalarType dtype) {
   TORCH_CHECK(dtype == torch::kBFloat16 || dtype == torch::kHalf,
@@ -128,9 +131,10 @@ torch::Tensor Amp::cast_output(const torch::Tensor& y) const {
 }
 
 void Amp::zero_grad() {
+  optimizer_->zero_grad();  // the masters' at O2, the model's own parameters at other levels
+  if (level_ != OptLevel::kO2) return;
   for (auto& p : model_params_)
     if (p.grad().defined()) p.mutable_grad().zero_();
-  optimizer_->zero_grad();
 }
 
 void Amp::unscale_() {
@@ -143,7 +147,8 @@ void Amp::unscale_() {
     TORCH_CHECK(masters_checked_ || torch::equal(model_params_[i], master.to(dtype_)), "amp ",
                 to_string(level_), ": parameter '", names_[i], "' was changed after amp::initialize",
                 rank_suffix(scaler_.group()), ", so its fp32 master no longer matches it. Load weights before "
-                "initialize, and with DistributedDataParallel pass AmpOptions().group(...) to initialize");
+                "initialize, and with DistributedDataParallel call parallel::sync_module_states(model, group) before "
+                "initialize (or train through parallel::DdpStrategy)");
     if (!grad.defined()) {
       master.mutable_grad() = torch::Tensor();
     } else if (master.grad().defined()) {
@@ -183,13 +188,7 @@ Amp initialize(torch::nn::Module& model, torch::optim::Optimizer& optimizer, Opt
 
   GradScalerOptions scaling = options.loss_scale().value_or(
       GradScalerOptions().enabled(level == OptLevel::kO1 || level == OptLevel::kO2));
-  if (options.group() != nullptr) {
-    scaling.group(options.group());
-    // See Note [O2 master weights].
-    torch::NoGradGuard no_grad;
-    for (torch::Tensor t : params) options.group()->broadcast(t);
-    for (torch::Tensor t : model.buffers()) options.group()->broadcast(t);
-  }
+  if (options.group() != nullptr) scaling.group(options.group());
   std::vector<torch::Tensor> masters = params;
   if (level == OptLevel::kO2 || level == OptLevel::kO3) {
     const std::vector<Converted> converted = tensors_to_convert(model, level);

@@ -1,5 +1,6 @@
 #include "lockstep/optim/optimizer.h"
 
+#include <c10/util/StringUtil.h>
 #include <c10/util/Type.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -11,6 +12,8 @@
 #include <set>
 #include <typeinfo>
 #include <utility>
+
+#include "lockstep/core/names.h"
 
 // Note [Optimizer state layout]
 // Python's optimizer.state_dict() names parameters by position, not by tensor: they are numbered
@@ -36,6 +39,7 @@
 // (LibTorch cannot ascend); foreach, capturable, differentiable and fused only choose which of
 // Python's kernels runs, not the update, and are ignored.
 
+
 namespace lockstep::optim {
 namespace {
 
@@ -46,12 +50,6 @@ using TensorDict = c10::Dict<std::string, torch::Tensor>;
 using TorchOptions = torch::optim::OptimizerOptions;
 
 GenericDict string_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
-
-std::string joined_names() {
-  std::string out;
-  for (const std::string& name : optimizer_names()) out += (out.empty() ? "" : ", ") + name;
-  return out;
-}
 
 // LibTorch's key for a parameter's entry in Optimizer::state().
 std::string state_key(const torch::Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
@@ -298,7 +296,7 @@ const Codec& codec_for(const torch::optim::Optimizer& optimizer, const char* wha
   if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return sgd;
   if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return adam;
   if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return adamw;
-  TORCH_CHECK(false, what, " supports torch::optim::SGD, Adam and AdamW (lockstep's ", joined_names(),
+  TORCH_CHECK(false, what, " supports torch::optim::SGD, Adam and AdamW (lockstep's ", c10::Join(", ", optimizer_names()),
               "), not ", c10::demangle(typeid(optimizer).name()));
 }
 
@@ -310,13 +308,10 @@ const std::vector<std::string>& optimizer_names() {
 }
 
 OptimizerKind parse_optimizer(const std::string& name) {
-  const auto& names = optimizer_names();
-  for (size_t i = 0; i < names.size(); ++i)
-    if (name == names[i]) return static_cast<OptimizerKind>(i);
-  TORCH_CHECK_VALUE(false, "unknown optimizer '", name, "': expected one of ", joined_names());
+  return enum_from_name<OptimizerKind>(optimizer_names(), name, "optimizer");
 }
 
-std::string to_string(OptimizerKind kind) { return optimizer_names().at(static_cast<size_t>(kind)); }
+std::string to_string(OptimizerKind kind) { return enum_name(optimizer_names(), kind); }
 
 OptimizerOptions::OptimizerOptions(OptimizerKind kind, double lr) : kind_(kind), lr_(lr) {}
 

@@ -47,6 +47,7 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
     int64_t numel = 0;
     for (int64_t i : b.params) numel += params_[i].numel();
     b.flat = torch::zeros({numel}, params_[b.params[0]].options());
+    b.world = torch::scalar_tensor(static_cast<double>(group_.size()), b.flat.options());
     for (size_t s = 0; s < b.params.size(); ++s) {
       bucket_of_[b.params[s]] = static_cast<int64_t>(buckets_.size());
       slot_of_[b.params[s]] = static_cast<int64_t>(s);
@@ -137,7 +138,9 @@ void Reducer::mark_ready(int64_t index, bool used) {
   torch::Tensor dst = b.flat.narrow(0, b.offsets[slot], params_[index].numel());
   const torch::Tensor& grad = params_[index].grad();
   if (used && grad.defined()) {
-    dst.copy_(grad.reshape(-1));
+    // Divided on the way into the bucket, before the sum (as PyTorch does): one pass, and 16-bit
+    // wire values stay in range.
+    torch::div_out(dst, grad.reshape(-1), b.world);
     locally_used_.data_ptr<int32_t>()[index] = 1;
   } else {
     dst.zero_();
@@ -146,14 +149,11 @@ void Reducer::mark_ready(int64_t index, bool used) {
 }
 
 void Reducer::launch_ready_buckets() {
-  const double world = static_cast<double>(group_.size());
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& b = buckets_[next_bucket_];
     stats_.hooks_before_launch[next_bucket_] = hooks_;
-    // Divide before the sum (as PyTorch does): keeps 16-bit wire values in range.
     const auto dtype = wire_dtype(options_.comm_hook, b.flat.scalar_type());
     b.wire = dtype == b.flat.scalar_type() ? b.flat : b.flat.to(dtype);
-    b.wire.div_(world);
     if (dtype == torch::kBFloat16) {
       b.work = group_.all_gather_async(b.wire.view(torch::kHalf), b.gathered);
     } else {

@@ -6,20 +6,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lockstep/core/names.h"
+
 namespace lockstep::train {
-namespace {
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string out;
-  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-
-bool is_one_of(const std::string& value, const std::vector<std::string>& names) {
-  return std::find(names.begin(), names.end(), value) != names.end();
-}
-
-}  // namespace
 
 const std::vector<std::string>& lr_schedule_names() {
   static const std::vector<std::string> names{"constant", "step", "multistep", "cosine"};
@@ -31,34 +20,31 @@ const std::vector<std::string>& lr_scale_rule_names() {
   return names;
 }
 
-double scale_lr(double base_lr, const std::string& rule, int64_t factor) {
-  TORCH_CHECK_VALUE(is_one_of(rule, lr_scale_rule_names()), "scale_lr: unknown rule '", rule,
-                    "'; choose one of ", joined(lr_scale_rule_names()));
+double scale_lr(double base_lr, LrScaleRule rule, int64_t factor) {
   TORCH_CHECK_VALUE(factor >= 1, "scale_lr: factor=", factor,
                     " must be at least 1 (world size x gradient-accumulation steps)");
-  if (rule == "linear") return base_lr * static_cast<double>(factor);
-  if (rule == "sqrt") return base_lr * std::sqrt(static_cast<double>(factor));
+  if (rule == LrScaleRule::kLinear) return base_lr * static_cast<double>(factor);
+  if (rule == LrScaleRule::kSqrt) return base_lr * std::sqrt(static_cast<double>(factor));
   return base_lr;
 }
 
 LrSchedule::LrSchedule(LrScheduleOptions options) : options_(std::move(options)) {
   const LrScheduleOptions& o = options_;
-  const std::string& kind = o.kind();
-  TORCH_CHECK_VALUE(is_one_of(kind, lr_schedule_names()), "LrSchedule: unknown kind '", kind,
-                    "'; choose one of ", joined(lr_schedule_names()));
+  const LrScheduleKind kind = o.kind();
+  const std::string& name = enum_name(lr_schedule_names(), kind);
   TORCH_CHECK_VALUE(std::isfinite(o.base_lr()) && o.base_lr() >= 0, "LrSchedule: base_lr=",
                     o.base_lr(), " must be a finite number >= 0");
   TORCH_CHECK_VALUE(o.warmup_steps() >= 0, "LrSchedule: warmup_steps=", o.warmup_steps(),
                     " must be >= 0 (0 turns warmup off)");
-  if (kind == "step" || kind == "multistep") {
+  if (kind == LrScheduleKind::kStep || kind == LrScheduleKind::kMultiStep) {
     TORCH_CHECK_VALUE(std::isfinite(o.gamma()) && o.gamma() > 0, "LrSchedule: gamma=", o.gamma(),
-                      " must be > 0 for kind '", kind, "' (0.1 divides the lr by 10 at each decay)");
+                      " must be > 0 for kind '", name, "' (0.1 divides the lr by 10 at each decay)");
   }
-  if (kind == "step") {
+  if (kind == LrScheduleKind::kStep) {
     TORCH_CHECK_VALUE(o.step_size() >= 1, "LrSchedule: step_size=", o.step_size(),
                       " must be >= 1 for kind 'step': the number of optimizer steps between decays");
   }
-  if (kind == "multistep") {
+  if (kind == LrScheduleKind::kMultiStep) {
     const std::vector<int64_t>& m = o.milestones();
     TORCH_CHECK_VALUE(!m.empty(), "LrSchedule: kind 'multistep' needs milestones (optimizer steps "
                       "after warmup at which the lr is multiplied by gamma); for a fixed lr use 'constant'");
@@ -68,7 +54,7 @@ LrSchedule::LrSchedule(LrScheduleOptions options) : options_(std::move(options))
                         "milestones are strictly increasing optimizer steps");
     }
   }
-  if (kind == "cosine") {
+  if (kind == LrScheduleKind::kCosine) {
     TORCH_CHECK_VALUE(o.total_steps() > o.warmup_steps(), "LrSchedule: kind 'cosine' needs "
                       "total_steps (the run's optimizer steps, warmup included) > warmup_steps=",
                       o.warmup_steps(), ", got total_steps=", o.total_steps());
@@ -88,13 +74,13 @@ double LrSchedule::lr_at(int64_t step) const {
 
 double LrSchedule::main_lr(int64_t t) const {
   const LrScheduleOptions& o = options_;
-  if (o.kind() == "step") return o.base_lr() * std::pow(o.gamma(), static_cast<double>(t / o.step_size()));
-  if (o.kind() == "multistep") {
+  if (o.kind() == LrScheduleKind::kStep) return o.base_lr() * std::pow(o.gamma(), static_cast<double>(t / o.step_size()));
+  if (o.kind() == LrScheduleKind::kMultiStep) {
     const auto passed = std::upper_bound(o.milestones().begin(), o.milestones().end(), t) -
                         o.milestones().begin();
     return o.base_lr() * std::pow(o.gamma(), static_cast<double>(passed));
   }
-  if (o.kind() == "cosine") {
+  if (o.kind() == LrScheduleKind::kCosine) {
     const int64_t period = o.total_steps() - o.warmup_steps();
     if (t >= period) return o.eta_min();
     const double cos = std::cos(M_PI * static_cast<double>(t) / static_cast<double>(period));

@@ -63,7 +63,7 @@ TEST(OptLevel, ParsesO0ToO3AndListsThemOnError) {
   EXPECT_EQ(parse_opt_level("O0"), OptLevel::kO0);
   EXPECT_EQ(parse_opt_level("O3"), OptLevel::kO3);
   EXPECT_EQ(to_string(OptLevel::kO2), "O2");
-  EXPECT_THAT(error_message([] { parse_opt_level("o2"); }), HasSubstr("unknown opt level 'o2': expected O0, O1, O2 or O3"));
+  EXPECT_THAT(error_message([] { parse_opt_level("o2"); }), HasSubstr("unknown opt level 'o2'; choose O0, O1, O2, O3"));
 }
 
 TEST(OptLevel, Fp16OnCpuIsRejectedNamingTheOpAndSuggestingBf16) {
@@ -244,17 +244,18 @@ TEST(OptLevel, O2WeightsChangedAfterInitializeAreAnErrorNamingTheParameter) {
   EXPECT_THAT(msg, HasSubstr("Load weights before initialize"));
 }
 
-// O2 under DDP, ranks starting from different weights: initialize with the group gives every rank
-// rank 0's, bf16 gradients travel (Gloo all-gathers them), and the ranks' half parameters and
-// masters stay bit-identical.
+// O2 under DDP, ranks starting from different weights: sync_module_states before initialize gives
+// every rank rank 0's, bf16 gradients travel (Gloo all-gathers them), and the ranks' half
+// parameters and masters stay bit-identical.
 TEST(OptLevel, O2WithDdpKeepsRanksIdentical) {
   const Batch b = random_batch(16, 7);
   std::vector<std::vector<torch::Tensor>> finals(2);
   testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     auto model = std::make_shared<models::ConvNetImpl>();
     auto opt = sgd(*model);
+    parallel::sync_module_states(*model, group);
     Amp amp = initialize(*model, opt, OptLevel::kO2, AmpOptions().group(&group));
-    parallel::DistributedDataParallel ddp(model, group);
+    parallel::DistributedDataParallel ddp(model, group, parallel::DistributedDataParallelOptions().init_sync(false));
     const Batch mine{b.x.narrow(0, rank * 8, 8), b.y.narrow(0, rank * 8, 8)};
     for (int step = 0; step < 3; ++step) train_step(amp, *model, [&](torch::Tensor x) { return ddp.forward(x); }, mine);
     for (const auto& p : model->parameters()) finals[rank].push_back(p.detach().clone());

@@ -66,19 +66,21 @@ TEST(DdpTrainExample, TrainsOnTwoRanksAndWritesACheckpointPythonLoads) {
   EXPECT_LT(epochs[1].mean_loss, 0.75 * epochs[0].first_step_loss) << r.output;
   EXPECT_LT(epochs[1].mean_loss, epochs[0].mean_loss) << r.output;
 
-  // Python reads the file, and its reference ConvNet takes the weights with strict key and shape checks.
+  // Python reads the file, its reference ConvNet takes the weights with strict key and shape checks,
+  // and torch.optim.SGD takes the optimizer state (a momentum buffer per parameter).
   const std::string python = testing::python_with_torch();
   if (python.empty()) GTEST_SKIP() << "no python3 with torch at /usr/bin/python3 (scripts/bootstrap --test)";
   const std::string script =
       "import sys, torch; sys.path.insert(0, sys.argv[2]); from reference_models import ConvNet; "
-      "c = torch.load(sys.argv[1]); ConvNet().load_state_dict(c['model']); "
-      "print(sorted(c), c['epoch'], sorted(c['scaler']), c['optimizer'].dtype)";
+      "c = torch.load(sys.argv[1]); m = ConvNet(); m.load_state_dict(c['model']); "
+      "o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9); o.load_state_dict(c['optimizer']); "
+      "print(sorted(c), c['epoch'], sorted(c['scaler']), len(o.state))";
   auto py = testing::run_command(python + " -c \"" + script + "\" " + (dir / "ckpt.pt") + " " +
                                  LOCKSTEP_SOURCE_DIR + "/tests/python");
   ASSERT_EQ(py.exit_code, 0) << py.output;
   EXPECT_EQ(py.output,
             "['epoch', 'model', 'optimizer', 'scaler'] 2 "
-            "['_growth_tracker', 'backoff_factor', 'growth_factor', 'growth_interval', 'scale'] torch.uint8\n");
+            "['_growth_tracker', 'backoff_factor', 'growth_factor', 'growth_interval', 'scale'] 10\n");
 }
 
 // A job that ends after epoch 1 (as one killed between epochs does: its checkpoint is all that is

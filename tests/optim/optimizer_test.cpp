@@ -288,7 +288,7 @@ TEST(Optimizer, UnknownNameIsRefusedListingTheNames) {
   EXPECT_EQ(optimizer_names(), (std::vector<std::string>{"sgd", "adam", "adamw"}));
   for (const std::string& name : optimizer_names()) EXPECT_EQ(to_string(parse_optimizer(name)), name);
   EXPECT_EQ(testing::error_message([] { parse_optimizer("adamax"); }),
-            "unknown optimizer 'adamax': expected one of sgd, adam, adamw");
+            "unknown optimizer 'adamax'; choose sgd, adam, adamw");
   EXPECT_THAT(testing::error_message([] { parse_optimizer("Adam"); }), HasSubstr("'Adam'"));
 }
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
+#include "lockstep/core/names.h"
 
 namespace lockstep::train {
 namespace {
@@ -21,7 +22,7 @@ struct Case {
 
 nlohmann::json to_json(const Case& c) {
   const LrScheduleOptions& o = c.options;
-  return {{"kind", o.kind()},         {"base_lr", o.base_lr()},     {"total_steps", o.total_steps()},
+  return {{"kind", enum_name(lr_schedule_names(), o.kind())},         {"base_lr", o.base_lr()},     {"total_steps", o.total_steps()},
           {"step_size", o.step_size()}, {"gamma", o.gamma()},       {"milestones", o.milestones()},
           {"eta_min", o.eta_min()},   {"warmup_steps", o.warmup_steps()}, {"steps", c.steps}};
 }
@@ -38,13 +39,13 @@ TEST(LrSchedule, ProducesPyTorchLrs_AllKindsWithAndWithoutWarmup) {
       {LrScheduleOptions(0.1), 5},
       {LrScheduleOptions(0.1).warmup_steps(4), 8},
       {LrScheduleOptions(0.1).warmup_steps(1), 3},
-      {LrScheduleOptions(0.1).kind("step").step_size(3).gamma(0.5), 11},
-      {LrScheduleOptions(0.4).kind("step").step_size(3).gamma(0.5).warmup_steps(2), 12},
-      {LrScheduleOptions(0.1).kind("multistep").milestones({2, 5, 9}), 12},
-      {LrScheduleOptions(0.1).kind("multistep").milestones({1, 4}).gamma(0.3).warmup_steps(3), 10},
-      {LrScheduleOptions(0.1).kind("cosine").total_steps(20).eta_min(0.001), 21},
-      {LrScheduleOptions(0.05).kind("cosine").total_steps(20).warmup_steps(5), 21},
-      {LrScheduleOptions(0.2).kind("cosine").total_steps(3000).warmup_steps(100).eta_min(1e-4), 3001},
+      {LrScheduleOptions(0.1).kind(LrScheduleKind::kStep).step_size(3).gamma(0.5), 11},
+      {LrScheduleOptions(0.4).kind(LrScheduleKind::kStep).step_size(3).gamma(0.5).warmup_steps(2), 12},
+      {LrScheduleOptions(0.1).kind(LrScheduleKind::kMultiStep).milestones({2, 5, 9}), 12},
+      {LrScheduleOptions(0.1).kind(LrScheduleKind::kMultiStep).milestones({1, 4}).gamma(0.3).warmup_steps(3), 10},
+      {LrScheduleOptions(0.1).kind(LrScheduleKind::kCosine).total_steps(20).eta_min(0.001), 21},
+      {LrScheduleOptions(0.05).kind(LrScheduleKind::kCosine).total_steps(20).warmup_steps(5), 21},
+      {LrScheduleOptions(0.2).kind(LrScheduleKind::kCosine).total_steps(3000).warmup_steps(100).eta_min(1e-4), 3001},
   };
   nlohmann::json spec = nlohmann::json::array();
   for (const Case& c : cases) spec.push_back(to_json(c));
@@ -67,7 +68,7 @@ TEST(LrSchedule, ProducesPyTorchLrs_AllKindsWithAndWithoutWarmup) {
 
 // Closed forms at a few points, so the shape is checked even where python3-torch is missing.
 TEST(LrSchedule, WarmupRisesLinearlyToBaseLrThenMainScheduleStartsFromItsStepZero) {
-  const LrSchedule s(LrScheduleOptions(0.3).kind("step").step_size(2).gamma(0.1).warmup_steps(3));
+  const LrSchedule s(LrScheduleOptions(0.3).kind(LrScheduleKind::kStep).step_size(2).gamma(0.1).warmup_steps(3));
   EXPECT_DOUBLE_EQ(s.lr_at(0), 0.1);         // base_lr / W
   EXPECT_DOUBLE_EQ(s.lr_at(1), 0.3 * (1.0 / 3 + 2.0 / 9));
   EXPECT_DOUBLE_EQ(s.lr_at(3), 0.3);         // warmup over; step_size counts from here
@@ -76,14 +77,14 @@ TEST(LrSchedule, WarmupRisesLinearlyToBaseLrThenMainScheduleStartsFromItsStepZer
 }
 
 TEST(LrSchedule, CosineReachesEtaMinAtTotalStepsAndStaysThere) {
-  const LrSchedule s(LrScheduleOptions(0.1).kind("cosine").total_steps(10).warmup_steps(2).eta_min(0.01));
+  const LrSchedule s(LrScheduleOptions(0.1).kind(LrScheduleKind::kCosine).total_steps(10).warmup_steps(2).eta_min(0.01));
   EXPECT_DOUBLE_EQ(s.lr_at(2), 0.1);
   EXPECT_DOUBLE_EQ(s.lr_at(6), 0.055);  // half way: (base_lr + eta_min) / 2
   for (int64_t t : {10, 11, 100}) EXPECT_DOUBLE_EQ(s.lr_at(t), 0.01) << "step " << t;
 }
 
 TEST(LrSchedule, ApplySetsLrInEveryParamGroupOfAnyOptimizer) {
-  const LrSchedule s(LrScheduleOptions(0.1).kind("multistep").milestones({2}));
+  const LrSchedule s(LrScheduleOptions(0.1).kind(LrScheduleKind::kMultiStep).milestones({2}));
   auto a = torch::zeros({2}, torch::requires_grad());
   auto b = torch::zeros({3}, torch::requires_grad());
   torch::optim::SGD sgd({torch::optim::OptimizerParamGroup({a}), torch::optim::OptimizerParamGroup({b})},
@@ -99,36 +100,36 @@ TEST(LrSchedule, ApplySetsLrInEveryParamGroupOfAnyOptimizer) {
 
 TEST(LrSchedule, RejectsInvalidOptionsNamingTheValueAndTheFix) {
   auto message = [](const LrScheduleOptions& o) { return testing::error_message([&] { LrSchedule s(o); }); };
-  EXPECT_THAT(message(LrScheduleOptions(0.1).kind("linear")),
-              HasSubstr("unknown kind 'linear'; choose one of constant, step, multistep, cosine"));
+  EXPECT_THAT(testing::error_message([] { enum_from_name<LrScheduleKind>(lr_schedule_names(), "linear", "lr schedule"); }),
+              HasSubstr("unknown lr schedule 'linear'; choose constant, step, multistep, cosine"));
   EXPECT_THAT(message(LrScheduleOptions(-1)), HasSubstr("base_lr=-1 must be a finite number >= 0"));
   EXPECT_THAT(message(LrScheduleOptions(0.1).warmup_steps(-5)), HasSubstr("warmup_steps=-5 must be >= 0"));
-  EXPECT_THAT(message(LrScheduleOptions(0.1).kind("step")), HasSubstr("step_size=0 must be >= 1"));
-  EXPECT_THAT(message(LrScheduleOptions(0.1).kind("step").step_size(5).gamma(0)), HasSubstr("gamma=0 must be > 0"));
-  EXPECT_THAT(message(LrScheduleOptions(0.1).kind("multistep")), HasSubstr("needs milestones"));
-  EXPECT_THAT(message(LrScheduleOptions(0.1).kind("multistep").milestones({5, 5})),
+  EXPECT_THAT(message(LrScheduleOptions(0.1).kind(LrScheduleKind::kStep)), HasSubstr("step_size=0 must be >= 1"));
+  EXPECT_THAT(message(LrScheduleOptions(0.1).kind(LrScheduleKind::kStep).step_size(5).gamma(0)), HasSubstr("gamma=0 must be > 0"));
+  EXPECT_THAT(message(LrScheduleOptions(0.1).kind(LrScheduleKind::kMultiStep)), HasSubstr("needs milestones"));
+  EXPECT_THAT(message(LrScheduleOptions(0.1).kind(LrScheduleKind::kMultiStep).milestones({5, 5})),
               HasSubstr("milestones[1]=5 must be >= 1 and greater than the milestone before it"));
-  EXPECT_THAT(message(LrScheduleOptions(0.1).kind("multistep").milestones({0, 3})), HasSubstr("milestones[0]=0"));
-  EXPECT_THAT(message(LrScheduleOptions(0.1).kind("cosine")),
+  EXPECT_THAT(message(LrScheduleOptions(0.1).kind(LrScheduleKind::kMultiStep).milestones({0, 3})), HasSubstr("milestones[0]=0"));
+  EXPECT_THAT(message(LrScheduleOptions(0.1).kind(LrScheduleKind::kCosine)),
               HasSubstr("needs total_steps (the run's optimizer steps, warmup included) > warmup_steps=0, got total_steps=0"));
-  EXPECT_THAT(message(LrScheduleOptions(0.1).kind("cosine").total_steps(10).warmup_steps(10)),
+  EXPECT_THAT(message(LrScheduleOptions(0.1).kind(LrScheduleKind::kCosine).total_steps(10).warmup_steps(10)),
               HasSubstr("> warmup_steps=10, got total_steps=10"));
-  EXPECT_THAT(message(LrScheduleOptions(0.1).kind("cosine").total_steps(10).eta_min(-0.1)),
+  EXPECT_THAT(message(LrScheduleOptions(0.1).kind(LrScheduleKind::kCosine).total_steps(10).eta_min(-0.1)),
               HasSubstr("eta_min=-0.1 must be"));
   EXPECT_THAT(testing::error_message([] { LrSchedule(LrScheduleOptions(0.1)).lr_at(-1); }),
               HasSubstr("step=-1 must be >= 0"));
   // Options another kind uses are not checked.
-  EXPECT_EQ(message(LrScheduleOptions(0.1).kind("constant").step_size(-3).gamma(-1)), "<no error>");
+  EXPECT_EQ(message(LrScheduleOptions(0.1).kind(LrScheduleKind::kConstant).step_size(-3).gamma(-1)), "<no error>");
 }
 
 TEST(LrSchedule, ScaleLrAppliesLinearSqrtOrNoRule) {
-  EXPECT_DOUBLE_EQ(scale_lr(0.1, "linear", 8), 0.8);
-  EXPECT_DOUBLE_EQ(scale_lr(0.1, "sqrt", 16), 0.4);
-  EXPECT_DOUBLE_EQ(scale_lr(0.1, "none", 16), 0.1);
-  EXPECT_DOUBLE_EQ(scale_lr(0.1, "linear", 1), 0.1);
-  EXPECT_THAT(testing::error_message([] { scale_lr(0.1, "cubic", 2); }),
-              HasSubstr("unknown rule 'cubic'; choose one of none, linear, sqrt"));
-  EXPECT_THAT(testing::error_message([] { scale_lr(0.1, "linear", 0); }), HasSubstr("factor=0 must be at least 1"));
+  EXPECT_DOUBLE_EQ(scale_lr(0.1, LrScaleRule::kLinear, 8), 0.8);
+  EXPECT_DOUBLE_EQ(scale_lr(0.1, LrScaleRule::kSqrt, 16), 0.4);
+  EXPECT_DOUBLE_EQ(scale_lr(0.1, LrScaleRule::kNone, 16), 0.1);
+  EXPECT_DOUBLE_EQ(scale_lr(0.1, LrScaleRule::kLinear, 1), 0.1);
+  EXPECT_THAT(testing::error_message([] { enum_from_name<LrScaleRule>(lr_scale_rule_names(), "cubic", "--scale-lr rule"); }),
+              HasSubstr("unknown --scale-lr rule 'cubic'; choose none, linear, sqrt"));
+  EXPECT_THAT(testing::error_message([] { scale_lr(0.1, LrScaleRule::kLinear, 0); }), HasSubstr("factor=0 must be at least 1"));
 }
 
 }  // namespace

@@ -22,7 +22,9 @@ namespace lockstep::amp {
 //   O3  everything in the half dtype, BatchNorm included, no masters; no loss scaling.
 enum class OptLevel { kO0, kO1, kO2, kO3 };
 
-// "O0".."O3"; anything else is an error listing those.
+// "O0".."O3", in OptLevel's order (see core/names.h); parse_opt_level rejects anything else,
+// listing them.
+const std::vector<std::string>& opt_level_names();
 OptLevel parse_opt_level(const std::string& text);
 std::string to_string(OptLevel level);
 
@@ -44,18 +46,21 @@ class Amp;
 // the fp32 model, before DistributedDataParallel wraps the model (its buckets follow the
 // parameters' dtypes) and before the first step. At O2 the optimizer must be fresh (no state yet):
 // its half parameters are replaced by fp32 masters copied from the fp32 model before conversion.
-// Checks the precision first (check_precision_supported) at O1-O3. With a group, every rank first
-// takes rank 0's parameters and buffers, so O2's masters agree across ranks; load checkpoint
-// weights before initialize, not after (Note [O2 master weights]).
+// Checks the precision first (check_precision_supported) at O1-O3. The group in `options` is the
+// loss scaler's (skips decided by all ranks). Every rank must already hold the same weights, so
+// O2's masters agree across ranks: load checkpoint weights and call
+// parallel::sync_module_states before initialize, not after (Note [O2 master weights]).
 Amp initialize(torch::nn::Module& model, torch::optim::Optimizer& optimizer, OptLevel level,
                const AmpOptions& options = {});
 
 // The per-step side of an opt level, returned by initialize(). It holds the optimizer by pointer:
 // the optimizer must outlive it.
 //
+//   lockstep::parallel::sync_module_states(*model, *group);              // rank 0's weights, once
 //   auto amp = lockstep::amp::initialize(*model, optimizer, lockstep::amp::OptLevel::kO2,
 //                                        lockstep::amp::AmpOptions().group(group.get()));
-//   lockstep::parallel::DistributedDataParallel ddp(model, *group);   // after initialize
+//   lockstep::parallel::DistributedDataParallel ddp(
+//       model, *group, lockstep::parallel::DistributedDataParallelOptions().init_sync(false));
 //   for (auto& [x, y] : batches) {
 //     amp.zero_grad();
 //     torch::Tensor loss;
@@ -81,7 +86,7 @@ class Amp {
   torch::Tensor cast_input(const torch::Tensor& x) const;
   torch::Tensor cast_output(const torch::Tensor& y) const;
 
-  // Zeroes the model's gradients and the optimizer's (at O2 these differ: half and master).
+  // Zeroes the optimizer's gradients, and at O2 the model's half ones too (one pass per tensor).
   void zero_grad();
   torch::Tensor scale_loss(const torch::Tensor& loss) const { return scaler_.scale(loss); }
   // O2: copies the model's half gradients into the masters' fp32 .grad. Then divides the

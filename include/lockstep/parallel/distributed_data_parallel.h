@@ -16,12 +16,20 @@ struct DistributedDataParallelOptions {
   TORCH_ARG(bool, find_unused_parameters) = false;
   TORCH_ARG(bool, broadcast_buffers) = true;       // rank 0's buffers (BN statistics) each forward
   TORCH_ARG(CommHook, comm_hook) = CommHook::kNone;
+  // sync_module_states() at construction (PyTorch's init_sync). Turn off when the ranks already
+  // hold rank 0's weights, e.g. synced before amp::initialize as DdpStrategy does.
+  TORCH_ARG(bool, init_sync) = true;
 };
+
+// Checks that every rank holds the same parameters and buffers (names, shapes, dtypes) as rank 0,
+// all ranks agreeing on the verdict, so either all go on or all throw, each naming the first
+// difference it found; then copies rank 0's values to every rank in one broadcast.
+void sync_module_states(torch::nn::Module& module, dist::ProcessGroup& group);
 
 // torch.nn.parallel.DistributedDataParallel for LibTorch modules: one replica per process, only
 // gradients travel, bucketed and all-reduced while backward runs (Note [Gradient buckets]).
-// At construction, every rank checks it holds the same parameters (names, shapes, dtypes) as
-// rank 0, then takes rank 0's parameters and buffers.
+// At construction, every rank checks it holds the same model as rank 0 and takes rank 0's
+// parameters and buffers (sync_module_states; see init_sync).
 //
 //   auto group = lockstep::dist::init_process_group();
 //   lockstep::parallel::DistributedDataParallel ddp(model, *group);
@@ -31,7 +39,9 @@ class DistributedDataParallel {
   template <typename ModuleType>
   DistributedDataParallel(std::shared_ptr<ModuleType> module, dist::ProcessGroup& group,
                           DistributedDataParallelOptions options = {})
-      : DistributedDataParallel(torch::nn::AnyModule(module), module, group, options) {}
+      : DistributedDataParallel(torch::nn::AnyModule(std::move(module)), group, options) {}
+  DistributedDataParallel(torch::nn::AnyModule module, dist::ProcessGroup& group,
+                          DistributedDataParallelOptions options = {});
   ~DistributedDataParallel();
 
   // Broadcasts buffers (when enabled and training), runs the module, and prepares the reducer
@@ -66,10 +76,6 @@ class DistributedDataParallel {
   const ReducerStats& reducer_stats() const { return reducer_->stats(); }
 
  private:
-  DistributedDataParallel(torch::nn::AnyModule forward, std::shared_ptr<torch::nn::Module> module,
-                          dist::ProcessGroup& group, DistributedDataParallelOptions options);
-  void check_same_model_on_all_ranks();
-  void broadcast_from_rank0(const std::vector<torch::Tensor>& tensors);
   void pre_forward();
   void post_forward(const torch::Tensor& out);
 

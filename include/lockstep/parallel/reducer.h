@@ -67,6 +67,7 @@ class Reducer {
     std::vector<int64_t> offsets;  // element offset of each in `flat`
     torch::Tensor flat;            // (sum of numels), the parameters' dtype
     torch::Tensor wire;            // what travels: `flat` itself or its 16-bit copy
+    torch::Tensor world;           // 0-dim, the group size in flat's dtype: gradients are divided by it
     std::vector<torch::Tensor> gathered;  // bf16 on Gloo: every rank's `wire`, as raw 16-bit words
     c10::intrusive_ptr<c10d::Work> work;
     int64_t pending = 0;

@@ -2,7 +2,7 @@
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
-#include <torch/optim/sgd.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <optional>
@@ -38,7 +38,7 @@ c10::impl::GenericDict string_dict();
 // One checkpoint file: a pickled dict that Python's torch.load reads, with the keys
 //   "format": "lockstep-checkpoint-1", "position": {...}, "run": {...},
 //   "model": state dict (name -> tensor, torch.load + load_state_dict accept it),
-//   "optimizer": PyTorch's optimizer.state_dict() layout, "scaler": GradScaler.state_dict() ({} without loss scaling),
+//   "optimizer": PyTorch's optimizer.state_dict() layout (optim::optimizer_state_dict), "scaler": GradScaler.state_dict() ({} without loss scaling),
 //   "rng": [per-rank CPU generator state, uint8 tensors]
 struct Checkpoint {
   TrainingPosition position;
@@ -61,12 +61,6 @@ Checkpoint load_checkpoint(const std::string& path);
 // key, naming each value in both and the path.
 void check_same_run(const Checkpoint& checkpoint, const c10::impl::GenericDict& run,
                     const std::string& path);
-
-// SGD's state in the layout of Python's torch.optim.SGD.state_dict(): {"state": {index:
-// {"momentum_buffer": tensor}}, "param_groups": [{"lr", "momentum", "dampening", "weight_decay",
-// "nesterov", "params": [indices]}]}, parameters numbered in order across groups.
-c10::IValue sgd_state_dict(const torch::optim::SGD& optimizer);
-void load_sgd_state_dict(torch::optim::SGD& optimizer, const c10::IValue& state, const std::string& source);
 
 // Checkpoint files in a directory are named step-<8 digits>.pt by the optimizer step they hold.
 std::string checkpoint_path(const std::string& dir, int64_t step);

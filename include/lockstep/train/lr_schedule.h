@@ -9,11 +9,20 @@
 
 namespace lockstep::train {
 
+enum class LrScheduleKind { kConstant, kStep, kMultiStep, kCosine };
+// constant, step, multistep, cosine: LrScheduleKind's names in its order (see core/names.h).
+const std::vector<std::string>& lr_schedule_names();
+
+// How --lr grows with the global batch; see scale_lr.
+enum class LrScaleRule { kNone, kLinear, kSqrt };
+// none, linear, sqrt: LrScaleRule's names in its order.
+const std::vector<std::string>& lr_scale_rule_names();
+
 // Steps are optimizer steps (not micro-batches, not epochs), counted from 0.
 struct LrScheduleOptions {
   explicit LrScheduleOptions(double base_lr) : base_lr_(base_lr) {}
   TORCH_ARG(double, base_lr);                   // after scale_lr, if the run scales it
-  TORCH_ARG(std::string, kind) = "constant";    // one of lr_schedule_names()
+  TORCH_ARG(LrScheduleKind, kind) = LrScheduleKind::kConstant;
   TORCH_ARG(int64_t, total_steps) = 0;          // the whole run, warmup included; cosine needs it
   TORCH_ARG(int64_t, step_size) = 0;            // step: decay every step_size steps
   TORCH_ARG(double, gamma) = 0.1;               // step, multistep: decay factor
@@ -22,15 +31,9 @@ struct LrScheduleOptions {
   TORCH_ARG(int64_t, warmup_steps) = 0;         // linear warmup before the main schedule; 0: none
 };
 
-// constant, step, multistep, cosine: the values `kind` accepts, for the CLI.
-const std::vector<std::string>& lr_schedule_names();
-
-// none, linear, sqrt: the values scale_lr's `rule` accepts, for the CLI.
-const std::vector<std::string>& lr_scale_rule_names();
-
 // The scaling rule for a larger global batch: `factor` is world size x gradient-accumulation steps;
-// "linear" gives base_lr * factor (Goyal et al., 2017), "sqrt" base_lr * sqrt(factor), "none" base_lr.
-double scale_lr(double base_lr, const std::string& rule, int64_t factor);
+// kLinear gives base_lr * factor (Goyal et al., 2017), kSqrt base_lr * sqrt(factor), kNone base_lr.
+double scale_lr(double base_lr, LrScaleRule rule, int64_t factor);
 
 // The learning rate as a pure function of the optimizer step, so that resuming from a checkpoint
 // needs only the step count. Matches torch.optim.lr_scheduler, stepped once per optimizer step:

@@ -1,4 +1,4 @@
-#include "lockstep/train/step_profiler.h"
+#include "lockstep/core/step_profiler.h"
 
 #include <c10/util/Exception.h>
 
@@ -7,7 +7,7 @@
 
 #include "lockstep/core/atomic_file.h"
 
-namespace lockstep::train {
+namespace lockstep {
 namespace {
 
 int64_t ns_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -142,4 +142,4 @@ void StepProfiler::write_chrome_trace(const std::string& path, int64_t rank) con
   write_file_atomic(path, std::vector<char>(text.begin(), text.end()));
 }
 
-}  // namespace lockstep::train
+}  // namespace lockstep

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace lockstep::train {
+namespace lockstep {
 
 // The parts of one training step, in the order a step runs them.
 enum class Phase {
@@ -123,4 +123,4 @@ class StepProfiler {
   int64_t dropped_events_ = 0;
 };
 
-}  // namespace lockstep::train
+}  // namespace lockstep

@@ -1,0 +1,131 @@
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/Optional.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/amp/grad_scaler.h"
+#include "lockstep/amp/opt_level.h"
+#include "lockstep/core/step_profiler.h"
+#include "lockstep/dist/process_group.h"
+
+namespace lockstep::parallel {
+
+// Note [The Strategy seam]
+// A strategy is how one rank holds and steps its part of a model: a full replica (local, ddp),
+// shards of the optimizer state, gradients or parameters (ZeRO, FSDP), or a stage of a pipeline.
+// The training loop only fetches micro-batches, calls forward_backward() and step(), and decides
+// when to log, evaluate and checkpoint; it never asks which strategy it drives. Everything that
+// differs between strategies is behind these methods: how micro-batches run and when gradients
+// travel, where the optimizer state lives, what a rank saves and how much memory it holds. A new
+// strategy is one header/source pair and one line in make_strategy(); a user's program can pass
+// its own subclass to the same loop.
+
+// The built-in strategies. strategy_names() lists them in this order, once, for the CLI, its help
+// and its errors.
+enum class StrategyKind { kLocal, kDdp };
+const std::vector<std::string>& strategy_names();  // "local", "ddp"
+StrategyKind parse_strategy(const std::string& name);  // error lists strategy_names()
+std::string to_string(StrategyKind kind);
+
+// One micro-batch of an optimizer step.
+struct MicroBatch {
+  torch::Tensor input;   // (B, ...) as the model takes it, fp32
+  torch::Tensor target;  // (B) class indices
+  // Its share of the step's samples (B / samples in the step): each micro-batch's mean loss is
+  // scaled by it, so the accumulated gradient is that of the mean over the whole step.
+  double weight = 1.0;
+};
+
+// The objective of a micro-batch: output (B, classes) fp32, target (B) -> a 0-dim mean loss.
+using LossFunction = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+// Builds the optimizer over the parameters a rank updates (all of them, or its shard).
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor> params)>;
+
+// Pointer types as TORCH_ARG needs them (a macro's `const T&` of `X*` would point to const).
+using ProcessGroupPtr = dist::ProcessGroup*;
+using StepProfilerPtr = StepProfiler*;
+
+// What every built-in strategy does the same way around the step.
+struct StrategyOptions {
+  TORCH_ARG(OptimizerFactory, optimizer);                  // required
+  TORCH_ARG(amp::OptLevel, opt_level) = amp::OptLevel::kO0;
+  TORCH_ARG(torch::ScalarType, half_dtype) = torch::kBFloat16;  // O1-O3: kBFloat16 or kHalf
+  // Loss scaling; unset: the opt level's own (see amp::initialize).
+  TORCH_ARG(c10::optional<amp::GradScalerOptions>, loss_scale) = c10::nullopt;
+  // Keep loss_scale's init_scale after every update: Apex's static loss_scale=N (overflowing
+  // steps are still skipped).
+  TORCH_ARG(bool, fixed_loss_scale) = false;
+  TORCH_ARG(double, clip_value) = 0.0;  // clamp each gradient element to [-v, v] first; 0: off
+  TORCH_ARG(double, clip_norm) = 0.0;   // then scale to total L2 norm <= n; 0: off
+  TORCH_ARG(ProcessGroupPtr, group) = nullptr;      // the ranks that train together; null: one process
+  TORCH_ARG(StepProfilerPtr, profiler) = nullptr;   // phases of the step, when set
+};
+
+// The outcome of Strategy::step().
+struct StepDecision {
+  bool stepped = false;
+  std::string skip_reason;  // when not stepped: what was non-finite, and on which ranks
+};
+
+// Bytes this rank holds for training.
+struct MemoryReport {
+  int64_t param_bytes = 0;  // model parameters (this rank's share when sharded)
+  int64_t grad_bytes = 0;   // their gradients, and the fp32 masters' at O2
+  int64_t optim_bytes = 0;  // optimizer state, and fp32 master weights at O2
+};
+
+// See Note [The Strategy seam]. The model's weights are final when a strategy is made (load
+// --init-weights or a checkpoint's weights into the fp32 module first): strategies may convert,
+// broadcast or shard them. Not thread-safe: one training loop drives it.
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  virtual std::string name() const = 0;
+
+  // Trains on one optimizer step's micro-batches: zeroes the gradients, then forward, loss and
+  // backward of each in turn; gradients are synchronised as the strategy decides. Returns this
+  // rank's loss of the step: the sum over micro-batches of weight x loss.
+  virtual double forward_backward(const std::vector<MicroBatch>& micro_batches, const LossFunction& loss) = 0;
+
+  // Clips and steps the optimizer, unless the step's loss or gradients were non-finite on any
+  // rank, in which case every rank skips it (see Note [Agreeing on non-finite steps]).
+  virtual StepDecision step() = 0;
+
+  // The model's output for `input` (fp32) in the strategy's precision, without training it: the
+  // caller puts module() in eval mode and holds a NoGradGuard (train::evaluate does both).
+  virtual torch::Tensor forward(const torch::Tensor& input) = 0;
+
+  // This rank's module (the whole model for replicas).
+  virtual torch::nn::Module& module() = 0;
+  // The optimizer: set its learning rate here (it may hold a shard of the parameters).
+  virtual torch::optim::Optimizer& optimizer() = 0;
+  // The current loss scale, 0 without loss scaling.
+  virtual double loss_scale() const = 0;
+
+  // What a checkpoint holds, in PyTorch's layouts. The model's fp32 state dict (O2: the masters,
+  // not the half copies); Python's load_state_dict accepts it.
+  virtual c10::Dict<std::string, torch::Tensor> model_state_dict() = 0;
+  // {"optimizer": optimizer.state_dict(), "scaler": GradScaler.state_dict() or {}}.
+  virtual c10::impl::GenericDict training_state_dict() = 0;
+  // Restores what training_state_dict() returned; `source` names it in errors.
+  virtual void load_training_state_dict(const c10::impl::GenericDict& state, const std::string& source) = 0;
+
+  virtual MemoryReport memory() const = 0;
+};
+
+// A built-in strategy over `model`. ddp needs options.group().
+std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule model, StrategyOptions options);
+
+}  // namespace lockstep::parallel

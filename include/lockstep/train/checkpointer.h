@@ -1,0 +1,61 @@
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "lockstep/dist/process_group.h"
+#include "lockstep/parallel/strategy.h"
+#include "lockstep/train/checkpoint.h"
+
+namespace lockstep::train {
+
+struct CheckpointerOptions {
+  TORCH_ARG(std::string, dir) = "";     // where step-<N>.pt files go; "": no checkpoints
+  TORCH_ARG(int64_t, save_every) = 0;   // also save every N optimizer steps; 0: at epoch ends only
+  TORCH_ARG(int64_t, keep_last) = 0;    // newest checkpoints kept; 0: all
+  TORCH_ARG(std::string, resume) = "";  // a checkpoint file, a directory (its newest), or "latest" (in dir)
+};
+
+// When a run checkpoints, what a checkpoint holds, and how a run resumes from one. A checkpoint
+// holds the position, the run's settings, the strategy's model and training state, and every
+// rank's RNG, so a resumed run continues bit for bit. Rank 0 writes, atomically; a failed write
+// is reported and training goes on with the previous checkpoint intact. Methods marked collective
+// must be called on every rank of the group.
+class Checkpointer {
+ public:
+  // `run`: the settings a checkpoint must share to be resumed by this run (model, world size,
+  // batch, precision, ...); see check_same_run.
+  Checkpointer(CheckpointerOptions options, c10::impl::GenericDict run, dist::ProcessGroup* group);
+
+  // The checkpoint options().resume() names, checked against this run's settings and its `epochs`;
+  // nullopt when not resuming, or when "latest" finds no checkpoint yet (a first start under a
+  // restart loop). Load its model weights into the module before making the strategy.
+  std::optional<Checkpoint> load_resume(int64_t epochs);
+  // Collective. The strategy's training state and this rank's RNG from `checkpoint`, and the
+  // position to continue from (the start without one); every rank must resume at the same step.
+  TrainingPosition restore(const std::optional<Checkpoint>& checkpoint, parallel::Strategy& strategy);
+
+  bool enabled() const { return !options_.dir().empty(); }
+  // Whether to save once `step` optimizer steps are done, inside an epoch.
+  bool due(int64_t step) const { return enabled() && options_.save_every() > 0 && step % options_.save_every() == 0; }
+  // Collective: every rank contributes its RNG state; rank 0 writes and the others wait for it.
+  void save(const TrainingPosition& at, parallel::Strategy& strategy);
+
+  // The checkpoint file this run resumed from, "" when it did not.
+  const std::string& resumed_from() const { return resumed_from_; }
+
+ private:
+  void check_same_position_on_all_ranks(const TrainingPosition& position);
+
+  CheckpointerOptions options_;
+  c10::impl::GenericDict run_;
+  dist::ProcessGroup* group_;
+  int64_t rank_;
+  std::string resumed_from_;
+};
+
+}  // namespace lockstep::train

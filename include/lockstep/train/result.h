@@ -1,0 +1,41 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lockstep::train {
+
+struct EpochResult {
+  int64_t epoch = 0;         // 1-based
+  double train_loss = 0.0;   // mean over the epoch's steps
+  double test_acc = 0.0;     // fraction of the test split classified correctly
+  double train_s = 0.0;      // training time, evaluation excluded
+};
+
+struct TrainResult {
+  int64_t world_size = 1;
+  int64_t rank = 0;
+  int64_t threads = 0;
+  int64_t samples = 0;          // training samples processed by all ranks, all epochs
+  double samples_per_s = 0.0;   // global: all ranks' samples per second
+  double train_s = 0.0;         // all epochs' training time, evaluation excluded
+  double test_acc = 0.0;        // after the last epoch
+  double final_loss = 0.0;      // mean training loss of the last epoch
+  double peak_rss_mib = 0.0;
+  int64_t steps = 0;            // optimizer steps since the start of training (a resumed run counts on)
+  int64_t skipped_steps = 0;    // of those, skipped for a non-finite loss or gradient
+  int64_t param_bytes = 0;      // this rank's model parameters
+  int64_t grad_bytes = 0;       // their gradients (and the fp32 masters' at O2)
+  int64_t optim_bytes = 0;      // optimizer state (momentum, Adam moments), and fp32 master weights at O2
+  std::string profile;          // --profile's table, "" without it
+  std::vector<double> step_losses;  // every optimizer step's loss (mean over its samples), in order
+  std::vector<EpochResult> epochs;
+
+  // The one-line summary `lockstep train` prints last:
+  // {"world_size":1,"samples_per_s":..,"train_s":..,"test_acc":..,"final_loss":..,"peak_rss_mib":..,
+  //  "param_bytes":..,"grad_bytes":..,"optim_bytes":..,"steps":..,"skipped_steps":..}
+  std::string summary_json() const;
+};
+
+}  // namespace lockstep::train

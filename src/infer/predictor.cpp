@@ -1,0 +1,35 @@
+#include "lockstep/infer/predictor.h"
+
+#include <torch/torch.h>
+
+#include "lockstep/amp/autocast.h"
+#include "lockstep/train/evaluate.h"
+
+namespace lockstep::infer {
+
+Predictor::Predictor(torch::nn::AnyModule model, PredictorOptions options)
+    : model_(std::move(model)), module_(model_.ptr()), options_(options) {
+  TORCH_CHECK_VALUE(options_.batch_size() >= 1, "Predictor batch size ", options_.batch_size(), " must be at least 1");
+  if (options_.autocast())
+    TORCH_CHECK_VALUE(*options_.autocast() == torch::kBFloat16 || *options_.autocast() == torch::kHalf,
+                      "Predictor autocast dtype must be kBFloat16 or kHalf, got ", *options_.autocast());
+  module_->eval();
+}
+
+torch::Tensor Predictor::forward(const torch::Tensor& input) {
+  torch::NoGradGuard no_grad;
+  const auto params = module_->parameters();
+  const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+  amp::AutocastGuard autocast(device.type(), options_.autocast().value_or(torch::kBFloat16),
+                              options_.autocast().has_value());
+  return model_.forward(input.to(device)).to(torch::kFloat);
+}
+
+torch::Tensor Predictor::predict(const torch::Tensor& input) { return forward(input).argmax(1); }
+
+double Predictor::evaluate(const data::Dataset& dataset, dist::ProcessGroup* group) {
+  return train::evaluate(*module_, [this](const torch::Tensor& x) { return forward(x); }, dataset, group,
+                         options_.batch_size());
+}
+
+}  // namespace lockstep::infer

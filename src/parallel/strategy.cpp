@@ -1,0 +1,33 @@
+#include "lockstep/parallel/strategy.h"
+
+#include "lockstep/core/names.h"
+#include "lockstep/parallel/ddp_strategy.h"
+#include "lockstep/parallel/local_strategy.h"
+
+namespace lockstep::parallel {
+
+const std::vector<std::string>& strategy_names() {
+  static const std::vector<std::string> names{"local", "ddp"};
+  return names;
+}
+
+StrategyKind parse_strategy(const std::string& name) {
+  return enum_from_name<StrategyKind>(strategy_names(), name, "strategy");
+}
+
+std::string to_string(StrategyKind kind) { return enum_name(strategy_names(), kind); }
+
+std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule model, StrategyOptions options) {
+  const int64_t world = options.group() ? options.group()->size() : 1;
+  switch (kind) {
+    case StrategyKind::kLocal:
+      TORCH_CHECK_VALUE(world == 1, "the local strategy trains one process, but the group has ", world,
+                        " ranks: use ddp, or run without a launcher");
+      return std::make_unique<LocalStrategy>(std::move(model), std::move(options));
+    case StrategyKind::kDdp:
+      return std::make_unique<DdpStrategy>(std::move(model), std::move(options));
+  }
+  TORCH_CHECK(false, "unhandled strategy ", static_cast<int>(kind));
+}
+
+}  // namespace lockstep::parallel

@@ -1,0 +1,155 @@
+#include "lockstep/train/options.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include "lockstep/core/names.h"
+#include "lockstep/models/zoo.h"
+#include "lockstep/train/checkpoint.h"
+
+namespace lockstep::train {
+namespace {
+
+constexpr int64_t kSyntheticTrainSize = 10000;
+constexpr int64_t kSyntheticTestSize = 2000;
+
+}  // namespace
+
+const std::vector<std::string>& precision_names() {
+  static const std::vector<std::string> names{"fp32", "bf16", "fp16"};
+  return names;
+}
+
+const std::vector<std::string>& data_source_names() {
+  static const std::vector<std::string> names{"fashion-mnist", "synthetic"};
+  return names;
+}
+
+DataSplits load_data(const TrainOptions& o) {
+  if (o.data() == DataSource::kSynthetic) {
+    auto base = data::SyntheticOptions().shape(models::input_shape(o.model()));
+    const int64_t train_size = o.limit() > 0 ? o.limit() : kSyntheticTrainSize;
+    // Distinct seeds so the test split is not a copy of the training split.
+    return {data::make_synthetic(base.size(train_size).seed(o.seed())),
+            data::make_synthetic(base.size(kSyntheticTestSize).seed(o.seed() + 1))};
+  }
+  DataSplits s{data::load_fashion_mnist(o.data_dir(), data::Split::kTrain).take(o.limit()),
+           data::load_fashion_mnist(o.data_dir(), data::Split::kTest)};
+  const auto want = models::input_shape(o.model());
+  const auto have = s.train.images.sizes().slice(1);
+  TORCH_CHECK_VALUE(have.equals(want), "model '", o.model(), "' expects images of shape ", c10::IntArrayRef(want),
+                    " but fashion-mnist has ", have, "; use --data synthetic for this model");
+  return s;
+}
+
+// What must be equal for a checkpoint to continue this run exactly (data order, step layout,
+// precision, optimizer).
+LrScheduleOptions TrainOptions::lr_schedule_options(int64_t world_size, int64_t micro_batches_per_epoch) const {
+  const int64_t steps_per_epoch = (micro_batches_per_epoch + accum_steps() - 1) / accum_steps();
+  return LrScheduleOptions(train::scale_lr(optimizer_options().lr(), scale_lr(), world_size * accum_steps()))
+      .kind(lr_schedule())
+      .total_steps(steps_per_epoch * epochs())
+      .warmup_steps(warmup_steps())
+      .step_size(lr_step_size())
+      .gamma(lr_gamma())
+      .milestones(lr_milestones());
+}
+
+c10::impl::GenericDict TrainOptions::run_settings(int64_t world_size) const {
+  const TrainOptions& o = *this;
+  c10::impl::GenericDict run = string_dict();
+  run.insert("model", o.model());
+  run.insert("data", enum_name(data_source_names(), o.data()));
+  run.insert("limit", o.limit());
+  run.insert("world_size", world_size);
+  run.insert("batch_size", o.batch_size());
+  run.insert("accum_steps", o.accum_steps());
+  run.insert("seed", static_cast<int64_t>(o.seed()));
+  run.insert("precision", enum_name(precision_names(), o.precision()));
+  run.insert("opt_level", amp::to_string(o.resolved_opt_level()));
+  run.insert("loss_scale", o.resolved_loss_scale());
+  run.insert("optimizer", optim::to_string(o.optimizer()));
+  return run;
+}
+
+
+void TrainOptions::validate() const {
+  models::check_model_name(model());
+  TORCH_CHECK_VALUE(limit() >= 0, "limit=", limit(), " must be >= 0 (0 means all samples)");
+  TORCH_CHECK_VALUE(epochs() >= 1, "epochs=", epochs(), " must be at least 1");
+  TORCH_CHECK_VALUE(batch_size() >= 1, "batch size ", batch_size(), " must be at least 1");
+  optimizer_options().validate();
+  TORCH_CHECK_VALUE(threads() >= 0, "threads=", threads(), " must be >= 0 (0 means automatic)");
+  TORCH_CHECK_VALUE(save_every() >= 0, "save-every=", save_every(), " must be >= 0 (0: at epoch ends only)");
+  TORCH_CHECK_VALUE(keep_last() >= 0, "keep-last=", keep_last(), " must be >= 0 (0 keeps all)");
+  TORCH_CHECK_VALUE(checkpoint_dir().empty() ? save_every() == 0 && keep_last() == 0 : true,
+                    "--save-every and --keep-last need --checkpoint-dir");
+  TORCH_CHECK_VALUE(resume() != "latest" || !checkpoint_dir().empty(),
+                    "--resume latest needs --checkpoint-dir (where to look for the latest checkpoint)");
+  TORCH_CHECK_VALUE(resume().empty() || init_weights().empty(), "--resume '", resume(),
+                    "' and --init-weights '", init_weights(),
+                    "' both set: a resumed run takes its weights from the checkpoint; pass one of them");
+  TORCH_CHECK_VALUE(accum_steps() >= 1, "accum-steps=", accum_steps(), " must be at least 1");
+  TORCH_CHECK_VALUE(std::isfinite(clip_value()) && clip_value() >= 0, "clip-value ", clip_value(),
+                    " must be >= 0 (0: no clipping)");
+  TORCH_CHECK_VALUE(std::isfinite(clip_norm()) && clip_norm() >= 0, "clip-norm ", clip_norm(),
+                    " must be >= 0 (0: no clipping)");
+  TORCH_CHECK_VALUE(max_skipped_steps() >= 1, "max-skipped-steps=", max_skipped_steps(), " must be at least 1");
+  TORCH_CHECK_VALUE(log_every() >= 1, "log-every=", log_every(), " must be at least 1");
+  TORCH_CHECK_VALUE(warmup_steps() >= 0, "warmup-steps=", warmup_steps(), " must be >= 0");
+  const amp::OptLevel level = resolved_opt_level();
+  TORCH_CHECK_VALUE(precision() != Precision::kFp32 || level == amp::OptLevel::kO0, "--opt-level ",
+                    amp::to_string(level), " needs a half precision: add --precision bf16 (or fp16)");
+  TORCH_CHECK_VALUE(precision() == Precision::kFp32 || level != amp::OptLevel::kO0, "--precision ",
+                    enum_name(precision_names(), precision()), " with --opt-level O0 would train in fp32; use O1, O2 or O3");
+  if (!loss_scale().empty() && loss_scale() != "dynamic" && loss_scale() != "none") {
+    char* end = nullptr;
+    const double v = std::strtod(loss_scale().c_str(), &end);
+    TORCH_CHECK_VALUE(*end == '\0' && std::isfinite(v) && v > 0, "--loss-scale '", loss_scale(),
+                      "' is not 'dynamic', 'none' or a positive number");
+  }
+}
+
+amp::OptLevel TrainOptions::resolved_opt_level() const {
+  return opt_level().value_or(precision() == Precision::kFp32 ? amp::OptLevel::kO0 : amp::OptLevel::kO1);
+}
+
+parallel::StrategyKind TrainOptions::resolved_strategy(int64_t world_size) const {
+  return strategy().value_or(world_size > 1 ? parallel::StrategyKind::kDdp : parallel::StrategyKind::kLocal);
+}
+
+std::string TrainOptions::resolved_loss_scale() const {
+  if (!loss_scale().empty()) return loss_scale();
+  return precision() == Precision::kBf16 ? "none" : "";
+}
+
+optim::OptimizerOptions TrainOptions::optimizer_options() const {
+  const bool sgd = optimizer() == optim::OptimizerKind::kSGD;
+  optim::OptimizerOptions o(optimizer(), lr().value_or(sgd ? 0.02 : 1e-3));
+  if (momentum() || sgd) o.momentum(momentum().value_or(0.9));  // refused by validate() for adam, adamw
+  o.beta1(beta1()).beta2(beta2()).eps(eps()).weight_decay(weight_decay());
+  return o;
+}
+
+parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* group, StepProfiler* profiler) const {
+  const optim::OptimizerOptions optimizer = optimizer_options();
+  parallel::StrategyOptions s;
+  s.optimizer([optimizer](std::vector<torch::Tensor> params) { return optim::make_optimizer(std::move(params), optimizer); })
+      .opt_level(resolved_opt_level())
+      .half_dtype(precision() == Precision::kFp16 ? torch::kHalf : torch::kBFloat16)
+      .clip_value(clip_value())
+      .clip_norm(clip_norm())
+      .group(group)
+      .profiler(profiler);
+  const std::string scale = resolved_loss_scale();
+  if (scale == "none") {
+    s.loss_scale(amp::GradScalerOptions().enabled(false));
+  } else if (scale == "dynamic") {
+    s.loss_scale(amp::GradScalerOptions());
+  } else if (!scale.empty()) {
+    s.loss_scale(amp::GradScalerOptions().init_scale(std::stod(scale))).fixed_loss_scale(true);  // validate() checked it
+  }
+  return s;
+}
+
+}  // namespace lockstep::train
