@@ -259,6 +259,32 @@ TEST(Launcher, LogDirKeepsEachRanksOutputPerAttempt) {
   EXPECT_EQ(testing::read_text(logs + "/attempt_1/rank_1.stderr"), "err 1\n");
 }
 
+// CLI11 reads '[a b]' and '[1,2]' as lists and splits them; after "--" nothing may be rewritten.
+TEST(Launcher, ProgramArgumentsReachTheWorkerByteForByte) {
+  TempDir dir;
+  const std::vector<std::string> given{"[a b]", "[1,2]", "", "'single'", "\"double\"", "a,b",
+                                       "  spaced  ", "{}", "[", "]", "--", "--nproc-per-node", "-h",
+                                       "run", "tab\there", "ünï"};
+  std::vector<std::string> args{"run", "--", "sh", "-c", "for a in \"$@\"; do printf '<%s>\\n' \"$a\"; done",
+                                "sh"};
+  args.insert(args.end(), given.begin(), given.end());
+  Launch r = launch(dir, args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> seen;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("[rank 0] <", 0) == 0) seen.push_back(line.substr(10, line.size() - 11));
+  EXPECT_EQ(seen, given) << r.output;
+
+  // The program itself may look like a list, as a shell test does.
+  r = launch(dir, {"run", "--", "sh", "-c", "[ \"$RANK\" -ge 0 ]"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // "--" belongs to `lockstep run` only.
+  r = launch(dir, {"train", "--", "x"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("are for `lockstep run -- PROGRAM [ARGS...]`"));
+}
+
 TEST(Launcher, RejectsBadCommandLinesNamingTheValue) {
   TempDir dir;
   Launch r = launch(dir, {"run", "--nproc-per-node", "0", "--", "true"});
