@@ -304,6 +304,52 @@ TEST(Launcher, RejectsBadCommandLinesNamingTheValue) {
   EXPECT_THAT(r.output, HasSubstr("--nnodes is 2"));
 }
 
+// Out-of-range durations and counts are refused before any worker starts, naming the flag, the
+// value as given and the allowed range. See Note [Launcher bounds].
+struct BadBound {
+  std::vector<std::string> flags;
+  std::string expected;  // the start of the message
+};
+
+void PrintTo(const BadBound& b, std::ostream* os) {
+  for (const std::string& f : b.flags) *os << f << " ";
+}
+
+class LauncherRefusesOutOfRange : public ::testing::TestWithParam<BadBound> {};
+
+TEST_P(LauncherRefusesOutOfRange, BeforeStartingAnythingNamingValueAndRange) {
+  TempDir dir;
+  std::vector<std::string> args{"run"};
+  args.insert(args.end(), GetParam().flags.begin(), GetParam().flags.end());
+  for (const char* word : {"--", "touch"}) args.push_back(word);
+  args.push_back(dir / "started");
+  Launch r = launch(dir, args, seconds(10));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_LT(r.seconds, 5.0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(GetParam().expected)) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "started"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Launcher, LauncherRefusesOutOfRange,
+    ::testing::Values(
+        // 0.0005 s is 0 ms, which c10d reads as "no timeout": it waited forever.
+        BadBound{{"--rdzv-timeout", "0.0005"},
+                 "--rdzv-timeout 0.0005 is out of range: it must be a number of seconds in [0.001, 604800]"},
+        BadBound{{"--rdzv-timeout", "inf"}, "--rdzv-timeout inf is out of range"},
+        BadBound{{"--rdzv-timeout", "1e300"}, "--rdzv-timeout 1e+300 is out of range"},
+        BadBound{{"--rdzv-timeout", "nan"}, "--rdzv-timeout nan is out of range"},
+        // inf seconds overflowed to a negative grace period: workers were SIGKILLed at once.
+        BadBound{{"--grace-period", "inf"},
+                 "--grace-period inf is out of range: it must be a number of seconds in [0, 604800]"},
+        BadBound{{"--grace-period", "-1"}, "--grace-period -1 is out of range"},
+        // Every worker's environment was built before the first fork, until the OOM killer came.
+        BadBound{{"--nproc-per-node", "99999999999"},
+                 "--nproc-per-node 99999999999 is out of range: it must be in [1, 1024]; start one "
+                 "worker per device or core"},
+        BadBound{{"--max-restarts", "99999999999"}, "--max-restarts 99999999999 is out of range"},
+        BadBound{{"--nnodes", "99999999999"}, "--nnodes 99999999999 is out of range"}));
+
 TEST(Launcher, RendezvousTimeoutSaysHowManyNodesArrived) {
   TempDir dir;
   const int port = testing::free_port_pair();
