@@ -58,6 +58,14 @@ TEST(StateDict, LoadsARealPythonStateDictValueForValue) {
   }
 }
 
+// `--init-weights /tmp` gave "basic_filebuf::underflow".
+TEST(StateDict, DirectoryIsNamedAsADirectory) {
+  testing::TempDir dir;
+  auto model = make_model("mlp");
+  EXPECT_EQ(testing::error_message([&] { load_state_dict_file(*model, dir.path()); }),
+            "cannot read '" + dir.path() + "': it is a directory, not a file; give the path of a file");
+}
+
 // Bit flips in the pickle gave bare "vector::_M_range_check ..." (a std::out_of_range, not even a
 // c10::Error) or "Unknown type name 'DictKstr'", naming no file, and some crashed LibTorch's
 // unpickler (SIGSEGV). Every single-byte corruption of a saved state dict must either load or
