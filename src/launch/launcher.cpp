@@ -274,8 +274,15 @@ int Launcher::run() {
                              std::to_string(options_.node_rank()) + ", local rank " +
                              std::to_string(failed->local_rank) + ", pid " + std::to_string(failed->pid) +
                              ") " + failed->describe();
+          // Reported before it is printed: a test (or a person) that sees the line may rely on the
+          // other nodes being able to know it.
+          const std::string first = rendezvous.report_failure(restart, what);
           say(what);
-          rendezvous.report_failure(restart, what);
+          for (const StoppedWorker& s : group.stopped())
+            say("rank " + std::to_string(s.rank) + " (local rank " + std::to_string(s.local_rank) + ", pid " +
+                std::to_string(s.pid) + ") is stopped by " + signal_name(s.signal) +
+                ": a stopped rank never arrives at a collective, so the others time out waiting for "
+                "it; look at rank " + std::to_string(s.rank) + " first (SIGCONT resumes it)");
           const size_t others = group.running();
           if (others > 0)
             say("stopping the other " + plural(others, "local worker") + " (SIGTERM, then SIGKILL after " +
@@ -287,7 +294,8 @@ int Launcher::run() {
                 std::to_string(failed->rank) + "'s stderr:");
             for (const std::string& line : tail) std::cerr << "  " << line << "\n";
           }
-          outcome = {RoundOutcome::Kind::kFailed, 0, what};
+          if (first != what) say("the first failure was on another node: " + first);
+          outcome = {RoundOutcome::Kind::kFailed, 0, first};
           break;
         }
         if (!done && group.all_exited()) {

@@ -106,12 +106,14 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
   return a;
 }
 
-void Rendezvous::report_failure(int64_t round, const std::string& what) {
-  if (!store_) return;
+std::string Rendezvous::report_failure(int64_t round, const std::string& what) {
+  if (!store_) return what;
   try {
-    store_->compareSet(key(round, "failed"), {}, to_bytes(what));
+    // compareSet answers with the value now stored: ours if nobody was first.
+    return to_string(store_->compareSet(key(round, "failed"), {}, to_bytes(what)));
   } catch (const std::exception&) {
     // Node 0 is gone; the other nodes learn of it from their own store errors.
+    return what;
   }
 }
 

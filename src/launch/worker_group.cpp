@@ -6,6 +6,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -89,6 +91,8 @@ struct Stream {
 struct WorkerGroup::Worker {
   WorkerSpec spec;
   pid_t pid = -1;
+  UniqueFd pidfd;      // readable once the worker has exited; closed when it is reaped
+  int stop_signal = 0;  // the signal that stopped it (SIGSTOP, SIGTSTP, ...) while it is stopped
   std::optional<WorkerExit> exit;
   Stream out;
   Stream err;
@@ -113,6 +117,8 @@ WorkerGroup::WorkerGroup(const std::string& executable, const std::vector<std::s
                          std::vector<WorkerSpec> workers, const std::string& log_dir,
                          milliseconds grace_period)
     : grace_period_(grace_period) {
+  exits_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
+  TORCH_CHECK(exits_.valid(), "epoll_create1: ", os_error(errno));
   for (WorkerSpec& spec : workers) {
     auto w = std::make_unique<Worker>(std::move(spec));
     if (!log_dir.empty()) {
@@ -186,28 +192,60 @@ void WorkerGroup::spawn(Worker& w, const std::string& executable, const std::vec
   // Also from the parent, so that signalling the group cannot race the child's own setpgid.
   ::setpgid(pid, pid);
   w.pid = pid;
+  // See Note [Which worker failed first]. Without pidfds (Linux < 5.3) exits are found by polling.
+  w.pidfd = UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (w.pidfd.valid()) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    for (size_t i = 0; i < workers_.size(); ++i)
+      if (workers_[i].get() == &w) event.data.u64 = i;
+    ::epoll_ctl(exits_.get(), EPOLL_CTL_ADD, w.pidfd.get(), &event);
+  }
   ::fcntl(out_read.get(), F_SETFL, O_NONBLOCK);
   ::fcntl(err_read.get(), F_SETFL, O_NONBLOCK);
   w.out.pipe = std::move(out_read);
   w.err.pipe = std::move(err_read);
 }
 
+// Note [Which worker failed first]
+// When one rank fails, the others usually fail moments later (a collective's peer vanished), and
+// several can be found dead in the same pass. The one to blame is the first to exit. Each worker's
+// pidfd is in an epoll set, which the supervision loop waits on with the output pipes, so an exit
+// wakes the launcher at once; epoll lists ready descriptors in the order they became ready, so
+// workers are reaped in the order they exited, and the first failure returned is the earliest.
 std::optional<WorkerExit> WorkerGroup::reap() {
   std::optional<WorkerExit> failed;
-  for (auto& w : workers_) {
-    if (w->pid < 0 || w->exit) continue;
+  auto reap_one = [&](Worker& w) {
+    if (w.pid < 0 || w.exit) return;
     int status = 0;
-    const pid_t r = ::waitpid(w->pid, &status, WNOHANG);
-    if (r != w->pid) continue;
+    const pid_t r = ::waitpid(w.pid, &status, WNOHANG | WUNTRACED | WCONTINUED);
+    if (r != w.pid) return;
+    if (WIFSTOPPED(status)) {
+      w.stop_signal = WSTOPSIG(status);
+      return;
+    }
+    if (WIFCONTINUED(status)) {
+      w.stop_signal = 0;
+      return;
+    }
     WorkerExit e;
-    e.rank = w->spec.rank;
-    e.local_rank = w->spec.local_rank;
-    e.pid = w->pid;
+    e.rank = w.spec.rank;
+    e.local_rank = w.spec.local_rank;
+    e.pid = w.pid;
     if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
     else e.exit_code = WEXITSTATUS(status);
-    w->exit = e;
+    w.exit = e;
+    w.stop_signal = 0;
+    if (w.pidfd.valid()) {
+      ::epoll_ctl(exits_.get(), EPOLL_CTL_DEL, w.pidfd.get(), nullptr);
+      w.pidfd.reset();
+    }
     if (!e.ok() && !failed) failed = e;
-  }
+  };
+  std::vector<epoll_event> events(std::max<size_t>(workers_.size(), 1));
+  const int ready = ::epoll_wait(exits_.get(), events.data(), static_cast<int>(events.size()), 0);
+  for (int i = 0; i < ready; ++i) reap_one(*workers_.at(events[static_cast<size_t>(i)].data.u64));
+  for (auto& w : workers_) reap_one(*w);  // stops and continues, and exits without a pidfd
   return failed;
 }
 
@@ -221,6 +259,7 @@ void WorkerGroup::pump(milliseconds max_wait, int wake_fd) {
         streams.push_back(s);
       }
   if (wake_fd >= 0) fds.push_back({wake_fd, POLLIN, 0});
+  fds.push_back({exits_.get(), POLLIN, 0});
   const int n = ::poll(fds.data(), fds.size(), static_cast<int>(max_wait.count()));
   if (n <= 0) return;
   for (size_t i = 0; i < streams.size(); ++i)
@@ -276,6 +315,14 @@ void WorkerGroup::stop(int signal) {
     w->out.lines.finish();
     w->err.lines.finish();
   }
+}
+
+std::vector<StoppedWorker> WorkerGroup::stopped() const {
+  std::vector<StoppedWorker> out;
+  for (const auto& w : workers_)
+    if (w->pid >= 0 && !w->exit && w->stop_signal != 0)
+      out.push_back({w->spec.rank, w->spec.local_rank, w->pid, w->stop_signal});
+  return out;
 }
 
 std::vector<std::string> WorkerGroup::stderr_tail(int64_t local_rank) const {

@@ -152,6 +152,53 @@ TEST(Launcher, WorkerKilledBySignalIsNamed) {
   EXPECT_THAT(r.output, HasSubstr("was killed by SIGSEGV"));
 }
 
+// Shell that waits until process $1 has exited (a zombie, or already reaped). Busy-waits without
+// sleeping, so that the caller exits within a millisecond or two of that process.
+std::string until_exited(const std::string& pid_expression) {
+  return "while s=$(cat /proc/" + pid_expression + "/stat 2>/dev/null) && "
+         "[ \"$(echo \"$s\" | cut -d' ' -f3)\" != Z ]; do :; done; ";
+}
+
+// Rank 1 fails; rank 0 fails a moment later, as a rank does when a collective's peer vanishes.
+// Both are usually found dead in the same pass, and the launcher named the lowest rank, rank 0.
+// Rank 1 leaves a child holding its output pipes, so that no end-of-file wakes the launcher early.
+// See Note [Which worker failed first].
+TEST(Launcher, NamesTheRankThatFailedFirstNotTheLowest) {
+  TempDir dir;
+  const std::string script =
+      "if [ $RANK = 1 ]; then sleep 30 & echo $$ > " + dir.path() + "/one.tmp; mv " + dir.path() +
+      "/one.tmp " + dir.path() + "/one; exit 3; fi; "
+      "while [ ! -e " + dir.path() + "/one ]; do sleep 0.01; done; " +
+      until_exited("$(cat " + dir.path() + "/one)") + "exit 5";
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::filesystem::remove(dir / "one");
+    Launch r = launch(dir, {"run", "--nproc-per-node", "2", "--grace-period", "1", "--", "sh", "-c", script});
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("lockstep run: failed: rank 1 (node 0, local rank 1, pid ")) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("exited with code 3")) << r.output;
+    EXPECT_THAT(r.output, Not(HasSubstr("failed: rank 0"))) << r.output;
+  }
+}
+
+// SIGSTOP rank 1: rank 0 (here: at once) gives up waiting for it, as a collective's timeout would.
+// The launcher blamed rank 0 alone; it must point at the stopped rank.
+TEST(Launcher, StoppedRankIsNamedWhenAnotherFails) {
+  TempDir dir;
+  const std::string script =
+      "if [ $RANK = 1 ]; then echo $$ > " + dir.path() + "/one.tmp; mv " + dir.path() + "/one.tmp " +
+      dir.path() + "/one; kill -STOP $$; exit 0; fi; "
+      "while [ ! -e " + dir.path() + "/one ]; do sleep 0.01; done; "
+      "while [ \"$(cut -d' ' -f3 /proc/$(cat " + dir.path() + "/one)/stat)\" != T ]; do sleep 0.01; done; "
+      "echo 'all_reduce timed out' >&2; exit 1";
+  Launch r = launch(dir, {"run", "--nproc-per-node", "2", "--grace-period", "1", "--", "sh", "-c", script});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_THAT(r.output, HasSubstr("rank 0 (node 0, local rank 0, pid "));
+  EXPECT_THAT(r.output, HasSubstr("rank 1 (local rank 1, pid "));
+  EXPECT_THAT(r.output, HasSubstr(") is stopped by SIGSTOP: a stopped rank never arrives at a collective, so "
+                                  "the others time out waiting for it; look at rank 1 first"));
+}
+
 // Starts a launcher whose workers record their pids, and waits until all of them have.
 class RunningLauncher {
  public:

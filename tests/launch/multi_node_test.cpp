@@ -17,6 +17,7 @@ using testing::ChildProcess;
 using testing::TempDir;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Every rank adds rank + 1 with Gloo over the workers' MASTER_ADDR/MASTER_PORT: proof that the
 // variables describe a working group and that the launchers' own store does not take the port.
@@ -122,6 +123,29 @@ TEST(MultiNode, FailureOnOneNodeStopsTheOther) {
   for (int r = 0; r < 4; ++r) pids.push_back(std::stoi(testing::read_text(dir / ("pid." + std::to_string(r)))));
   EXPECT_TRUE(testing::wait_until(
       [&] { return std::none_of(pids.begin(), pids.end(), testing::process_alive); }, seconds(2)));
+}
+
+// Rank 1 (node 1) fails; rank 0 (node 0) fails after node 1's launcher has reported it. Node 0
+// ended with "failed: rank 0 ...", its own, later failure; the first failure is rank 1's.
+TEST(MultiNode, BothNodesNameTheFirstFailureOfTheJob) {
+  TempDir dir;
+  const int port = testing::free_port_pair();
+  ASSERT_NE(port, 0);
+  const std::string script = "echo $$ > " + dir.path() + "/pid.$RANK; "
+                             "if [ $RANK = 1 ]; then "
+                             "  while [ ! -e " + dir.path() + "/pid.0 ]; do sleep 0.01; done; exit 7; "
+                             "fi; "
+                             "until grep -q 'rank 1 (node 1' " + dir.path() + "/node1.out; do sleep 0.01; done; "
+                             "exit 5";
+  auto nodes = run_nodes(dir, {{}, {}},
+                         {"--master-port", std::to_string(port), "--rdzv-timeout", "20", "--grace-period", "1",
+                          "--", "sh", "-c", script});
+  for (int n = 0; n < 2; ++n) {
+    EXPECT_EQ(nodes[n].exit_code, 1) << nodes[n].output;
+    EXPECT_THAT(nodes[n].output, HasSubstr("lockstep run: failed: rank 1 (node 1, local rank 0, pid "))
+        << "node " << n << ":\n" << nodes[n].output;
+    EXPECT_THAT(nodes[n].output, Not(HasSubstr("failed: rank 0"))) << nodes[n].output;
+  }
 }
 
 TEST(MultiNode, RestartAfterAFailureRestartsEveryNode) {

@@ -56,8 +56,9 @@ class Rendezvous {
   // On timeout throws c10::Error saying how many of how many nodes arrived, and which.
   NodeAssignment join(int64_t round, int64_t nproc_per_node);
 
-  // Tells every node that `round` failed; the first report of a round is kept.
-  void report_failure(int64_t round, const std::string& what);
+  // Tells every node that `round` failed; the first report of a round is kept. Returns that first
+  // report: `what`, or an earlier failure on another node (also `what` when the store is gone).
+  std::string report_failure(int64_t round, const std::string& what);
   // The failure some node reported for `round`, if any.
   std::optional<std::string> failure(int64_t round);
 
