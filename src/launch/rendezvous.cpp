@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "lockstep/launch/unique_fd.h"
@@ -21,6 +22,8 @@ using std::chrono::milliseconds;
 
 // How long node 0 keeps its store up for the other nodes to read a round's outcome.
 constexpr milliseconds kLeaveTimeout{10000};
+// How often a joining node looks for the others, or for a reason to give up (an abort).
+constexpr milliseconds kJoinPoll{20};
 
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string to_string(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
@@ -73,28 +76,54 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
   std::vector<std::string> node_keys;
   for (int64_t n = 0; n < nnodes; ++n) node_keys.push_back(key(round, "node" + std::to_string(n)));
 
+  // See Note [Nodes agree on the job]. "NNODES NODE_RANK" of the first node to join.
+  const std::string mine = std::to_string(nnodes) + " " + me;
+  store_->add(key(round, "connected"), 1);  // before the compareSet: see abort()
+  const std::string first = to_string(store_->compareSet(key(round, "nnodes"), {}, to_bytes(mine)));
+  if (first != mine) {
+    const std::string other_nnodes = first.substr(0, first.find(' '));
+    if (other_nnodes != std::to_string(nnodes)) {
+      const std::string why = c10::str(
+          "nodes disagree on the job: node ", me, " was started with --nnodes ", nnodes, " but node ",
+          first.substr(first.find(' ') + 1), " with --nnodes ", other_nnodes,
+          "; start every node with the same --nnodes (and each with its own --node-rank)");
+      abort(round, why);
+    }
+  }
   store_->set(key(round, "nproc" + me), to_bytes(std::to_string(nproc_per_node)));
   const int64_t arrivals = store_->add(node_keys[options_.node_rank()], 1);
   TORCH_CHECK(arrivals == 1, "node rank ", me, " joined rendezvous round ", round, " ", arrivals,
               " times: two launchers were given --node-rank ", me,
               "; give every node its own rank in [0, ", nnodes, ")");
-  try {
-    store_->wait(node_keys, options_.timeout());
-  } catch (const std::exception& e) {
-    std::vector<int64_t> present;
-    std::vector<int64_t> missing;
+  const auto deadline = Clock::now() + options_.timeout();
+  while (true) {
+    bool all_here = false;
     try {
-      for (int64_t n = 0; n < nnodes; ++n)
-        (store_->check({node_keys[n]}) ? present : missing).push_back(n);
-    } catch (const std::exception&) {
+      if (store_->check({key(round, "abort")})) {
+        const std::string why = to_string(store_->get(key(round, "abort")));
+        store_->add(key(round, "abort_seen"), 1);
+        TORCH_CHECK(false, why);
+      }
+      all_here = store_->check(node_keys);
+    } catch (const c10::Error&) {
+      throw;
+    } catch (const std::exception& e) {
       TORCH_CHECK(false, "lost the rendezvous store at ", endpoint(), " while waiting for round ",
                   round, ": node 0's launcher has gone (", e.what(), ")");
     }
-    TORCH_CHECK(false, "rendezvous timed out after ", seconds(options_.timeout()), " s: ",
-                present.size(), " of ", nnodes, " nodes arrived at ", endpoint(), " (present: ",
-                c10::Join(", ", present), "; missing: ", c10::Join(", ", missing),
-                "); start `lockstep run --nnodes ", nnodes,
-                " --node-rank R ...` on the missing nodes, or raise --rdzv-timeout");
+    if (all_here) break;
+    if (Clock::now() >= deadline) {
+      std::vector<int64_t> present;
+      std::vector<int64_t> missing;
+      for (int64_t n = 0; n < nnodes; ++n)
+        (store_->check({node_keys[n]}) ? present : missing).push_back(n);
+      TORCH_CHECK(false, "rendezvous timed out after ", seconds(options_.timeout()), " s: ",
+                  present.size(), " of ", nnodes, " nodes arrived at ", endpoint(), " (present: ",
+                  c10::Join(", ", present), "; missing: ", c10::Join(", ", missing),
+                  "); start `lockstep run --nnodes ", nnodes,
+                  " --node-rank R ...` on the missing nodes, or raise --rdzv-timeout");
+    }
+    std::this_thread::sleep_for(std::min<milliseconds>(kJoinPoll, options_.timeout()));
   }
   // Ranks follow node rank: node n's workers come after those of nodes 0..n-1.
   for (int64_t n = 0; n < nnodes; ++n) {
@@ -104,6 +133,28 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
     a.world_size += nproc;
   }
   return a;
+}
+
+// Note [Nodes agree on the job]
+// Nodes started with different --nnodes would never meet: each waits for its own count of nodes
+// (node 0 for 2, node 1 for a node 2 that never comes), until the rendezvous timeout, or node 0
+// starts its workers into a group that never forms. The first node to join records its --nnodes;
+// a node that disagrees writes the reason to the round's "abort" key and fails, and every node
+// waiting in join() reads the key and fails with the same words at once. Node 0 hosts the store,
+// so when it is the one to fail it first waits (briefly) until the others have read the reason.
+void Rendezvous::abort(int64_t round, const std::string& why) {
+  store_->compareSet(key(round, "abort"), {}, to_bytes(why));
+  if (options_.node_rank() == 0) {
+    const auto deadline = Clock::now() + kLeaveTimeout;
+    try {
+      while (Clock::now() < deadline &&
+             store_->add(key(round, "abort_seen"), 0) < store_->add(key(round, "connected"), 0) - 1)
+        std::this_thread::sleep_for(kJoinPoll);
+    } catch (const std::exception&) {
+      // Nothing more to tell anyone.
+    }
+  }
+  throw c10::Error(why, "");
 }
 
 std::string Rendezvous::report_failure(int64_t round, const std::string& what) {

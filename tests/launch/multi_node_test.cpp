@@ -148,6 +148,39 @@ TEST(MultiNode, BothNodesNameTheFirstFailureOfTheJob) {
   }
 }
 
+// Node 0 with --nnodes 2, node 1 with --nnodes 3: node 1 waited for a third node until its
+// rendezvous timeout while node 0 started workers into a group that never formed (~300 s).
+// See Note [Nodes agree on the job]. Both orders of arrival are tried.
+TEST(MultiNode, NodesThatDisagreeOnNnodesBothFailAtOnceNamingBothValues) {
+  for (int first : {0, 1}) {
+    TempDir dir;
+    const int port = testing::free_port_pair();
+    ASSERT_NE(port, 0);
+    auto node = [&](int rank, int nnodes) {
+      return std::make_unique<ChildProcess>(
+          std::vector<std::string>{LOCKSTEP_CLI, "run", "--nnodes", std::to_string(nnodes), "--node-rank",
+                                   std::to_string(rank), "--master-port", std::to_string(port),
+                                   "--rdzv-timeout", "60", "--", "touch", dir / ("started." + std::to_string(rank))},
+          dir / ("node" + std::to_string(rank) + ".out"));
+    };
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_ptr<ChildProcess> a = first == 0 ? node(0, 2) : node(1, 3);
+    std::unique_ptr<ChildProcess> b = first == 0 ? node(1, 3) : node(0, 2);
+    const std::optional<int> code_a = a->wait_for(seconds(20));
+    const std::optional<int> code_b = b->wait_for(seconds(20));
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 15.0);
+    for (int rank : {0, 1}) {
+      const std::string out = testing::read_text(dir / ("node" + std::to_string(rank) + ".out"));
+      EXPECT_EQ((rank == first ? code_a : code_b).value_or(-1), 1) << "node " << rank << ":\n" << out;
+      EXPECT_THAT(out, HasSubstr("nodes disagree on the job: node "));
+      EXPECT_THAT(out, HasSubstr("--nnodes 3")) << out;
+      EXPECT_THAT(out, HasSubstr("--nnodes 2")) << out;
+      EXPECT_THAT(out, HasSubstr("start every node with the same --nnodes")) << out;
+      EXPECT_FALSE(std::filesystem::exists(dir / ("started." + std::to_string(rank))));
+    }
+  }
+}
+
 TEST(MultiNode, RestartAfterAFailureRestartsEveryNode) {
   TempDir dir;
   const int port = testing::free_port_pair();

@@ -53,7 +53,8 @@ class Rendezvous {
   Rendezvous& operator=(const Rendezvous&) = delete;
 
   // Blocks until every node has joined `round`, then assigns global ranks in node-rank order.
-  // On timeout throws c10::Error saying how many of how many nodes arrived, and which.
+  // On timeout throws c10::Error saying how many of how many nodes arrived, and which; when nodes
+  // disagree on --nnodes, every node throws at once naming both values.
   NodeAssignment join(int64_t round, int64_t nproc_per_node);
 
   // Tells every node that `round` failed; the first report of a round is kept. Returns that first
@@ -73,6 +74,8 @@ class Rendezvous {
 
  private:
   std::string endpoint() const;  // "HOST:PORT" of the launchers' store
+  // Fails `round` for every node with `why`, and throws it. See Note [Nodes agree on the job].
+  [[noreturn]] void abort(int64_t round, const std::string& why);
 
   RendezvousOptions options_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
