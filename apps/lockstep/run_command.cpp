@@ -27,6 +27,8 @@ Command add_run_command(CLI::App& app, const std::optional<std::vector<std::stri
                   "Also write each rank's output to DIR/attempt_K/rank_N.stdout and .stderr");
   cmd->add_option("--grace-period", o->grace_period(),
                   "Seconds between SIGTERM and SIGKILL when stopping workers");
+  cmd->add_option("--heartbeat-timeout", o->heartbeat_timeout(),
+                  "Seconds another node's launcher may stay silent before its node is declared failed");
   // Only for `lockstep run PROGRAM` without "--"; after "--", main() hands over the words untouched.
   cmd->add_option("program", o->program(), "PROGRAM [ARGS...], after --");
 

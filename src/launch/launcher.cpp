@@ -143,6 +143,7 @@ constexpr int64_t kMaxNnodes = 65536;
 constexpr int64_t kMaxRestarts = 1000000;
 constexpr double kMinRdzvTimeout = 0.001;      // seconds: 1 ms, c10d's resolution
 constexpr double kMaxDuration = 7 * 24 * 3600;  // seconds: a week, far beyond any sane wait
+constexpr double kMinHeartbeatTimeout = 1.0;    // seconds: four beats
 
 void check_count(const char* flag, int64_t value, int64_t low, int64_t high, const std::string& hint) {
   TORCH_CHECK_VALUE(value >= low && value <= high, flag, " ", value, " is out of range: it must be in [",
@@ -184,6 +185,9 @@ void LaunchOptions::validate() const {
   check_count("--max-restarts", max_restarts_, 0, kMaxRestarts, "0 (the default) never restarts");
   check_seconds("--grace-period", grace_period_, 0.0,
                 "it is how long stopping workers may take before SIGKILL; the default is 5");
+  check_seconds("--heartbeat-timeout", heartbeat_timeout_, kMinHeartbeatTimeout,
+                "launchers beat every " + std::to_string(kPeerCheckEvery.count()) +
+                    " ms, so allow several beats; the default is 30");
 }
 
 Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {
@@ -229,6 +233,7 @@ std::vector<std::string> Launcher::worker_env(int64_t rank, int64_t local_rank, 
 
 int Launcher::run() {
   const milliseconds grace = to_ms(options_.grace_period());
+  const milliseconds heartbeat = to_ms(options_.heartbeat_timeout());
   Rendezvous rendezvous(RendezvousOptions()
                             .nnodes(options_.nnodes())
                             .node_rank(options_.node_rank())
@@ -306,6 +311,17 @@ int Launcher::run() {
         if (done && rendezvous.all_done(restart)) break;
         if (rendezvous.nnodes() > 1 && Clock::now() >= next_peer_check) {
           next_peer_check = Clock::now() + kPeerCheckEvery;
+          rendezvous.beat(restart);  // See Note [Launcher heartbeats].
+          if (const std::optional<int64_t> silent = rendezvous.silent_node(restart, heartbeat)) {
+            const std::string what = "node " + std::to_string(*silent) + "'s launcher sent no heartbeat for " +
+                                     format_seconds(options_.heartbeat_timeout()) +
+                                     " (--heartbeat-timeout): it was killed, hangs or is cut off";
+            const std::string first = rendezvous.report_failure(restart, what);
+            say(what + "; stopping " + plural(group.running(), "local worker"));
+            group.stop(SIGTERM);
+            outcome = {RoundOutcome::Kind::kFailed, 0, first};
+            break;
+          }
           if (std::optional<std::string> remote = rendezvous.failure(restart)) {
             say("another node failed: " + *remote + "; stopping " + plural(group.running(), "local worker"));
             group.stop(SIGTERM);

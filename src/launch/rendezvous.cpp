@@ -179,6 +179,53 @@ std::optional<std::string> Rendezvous::failure(int64_t round) {
   }
 }
 
+// Note [Launcher heartbeats]
+// A node whose launcher is SIGKILLed (or hangs, or is cut off) takes its workers with it
+// (PR_SET_PDEATHSIG), and the other nodes' workers then wait in a collective until its timeout.
+// So while a round runs, every launcher bumps its counter in the store several times a second, and
+// watches the others' counters: one that has not moved for --heartbeat-timeout, by this node's
+// clock, is declared failed and the round ends on every node (and restarts if restarts remain).
+// Counting on the local steady clock needs no agreement between the nodes' clocks. Node 0's death
+// needs no heartbeat: it hosts the store, and every other node's next store call fails.
+void Rendezvous::beat(int64_t round) {
+  if (!store_) return;
+  try {
+    store_->add(key(round, "beat" + std::to_string(options_.node_rank())), 1);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
+                ": node 0's launcher has exited or the network failed (", e.what(), ")");
+  }
+}
+
+std::optional<int64_t> Rendezvous::silent_node(int64_t round, milliseconds timeout) {
+  if (!store_) return std::nullopt;
+  const auto now = Clock::now();
+  if (beats_round_ != round) {
+    beats_round_ = round;
+    last_beat_.assign(static_cast<size_t>(options_.nnodes()), -1);
+    last_change_.assign(static_cast<size_t>(options_.nnodes()), now);
+  }
+  for (int64_t n = 0; n < options_.nnodes(); ++n) {
+    if (n == options_.node_rank()) continue;
+    int64_t beats = 0;
+    try {
+      beats = store_->add(key(round, "beat" + std::to_string(n)), 0);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
+                  ": node 0's launcher has exited or the network failed (", e.what(), ")");
+    }
+    const auto i = static_cast<size_t>(n);
+    if (beats != last_beat_[i]) {
+      last_beat_[i] = beats;
+      last_change_[i] = now;
+    } else if (now - last_change_[i] >= timeout) {
+      silent_.insert(n);  // leave() waits for it no more
+      return n;
+    }
+  }
+  return std::nullopt;
+}
+
 void Rendezvous::report_done(int64_t round) {
   if (store_) store_->add(key(round, "done"), 1);
 }
@@ -201,7 +248,9 @@ void Rendezvous::leave(int64_t round) {
       return;
     }
     std::vector<std::string> others;
-    for (int64_t n = 1; n < options_.nnodes(); ++n) others.push_back(key(round, "left" + std::to_string(n)));
+    for (int64_t n = 1; n < options_.nnodes(); ++n)
+      if (!silent_.count(n)) others.push_back(key(round, "left" + std::to_string(n)));
+    if (others.empty()) return;
     store_->wait(others, kLeaveTimeout);
   } catch (const std::exception&) {
     // The outcome is settled; a node that does not say goodbye in time does not change it.

@@ -283,5 +283,54 @@ TEST(MultiNode, TwoNetworkNamespacesJoinedByVethFormOneJob) {
   }
 }
 
+// Node 1's launcher is SIGKILLed mid-run (its workers die with it); node 0's workers would wait in
+// their next collective until its timeout. Node 0 must stop them within --heartbeat-timeout + 5 s.
+// See Note [Launcher heartbeats].
+void node_killed_mid_run(const std::vector<std::vector<std::string>>& prefixes, const std::string& master,
+                         const std::vector<std::vector<std::string>>& env) {
+  TempDir dir;
+  const int port = master == "127.0.0.1" ? testing::free_port_pair() : 29500;
+  ASSERT_NE(port, 0);
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    std::vector<std::string> argv = prefixes[n];
+    argv.insert(argv.end(), {LOCKSTEP_CLI, "run", "--nnodes", "2", "--node-rank", std::to_string(n), "--master-addr",
+                             master, "--master-port", std::to_string(port), "--rdzv-timeout", "20",
+                             "--heartbeat-timeout", "2", "--grace-period", "1", "--", "sh", "-c",
+                             "echo $$ > " + dir.path() + "/pid.$RANK; exec sleep 60"});
+    nodes.push_back(std::make_unique<ChildProcess>(argv, dir / ("node" + std::to_string(n) + ".out"), env[n]));
+  }
+  auto worker_pid = [&](int rank) {
+    const std::string text = testing::read_text(dir / ("pid." + std::to_string(rank)));
+    return text.empty() ? pid_t{0} : static_cast<pid_t>(std::stol(text));
+  };
+  ASSERT_TRUE(testing::wait_until([&] { return worker_pid(0) != 0 && worker_pid(1) != 0; }, seconds(20)))
+      << testing::read_text(dir / "node0.out") << testing::read_text(dir / "node1.out");
+  const pid_t survivor = worker_pid(0);
+  ASSERT_EQ(::kill(nodes[1]->pid(), SIGKILL), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  const std::optional<int> code = nodes[0]->wait_for(seconds(2 + 5));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  const std::string out = testing::read_text(dir / "node0.out");
+  ASSERT_TRUE(code.has_value()) << "node 0 still runs " << took << " s after node 1's launcher died\n" << out;
+  EXPECT_EQ(*code, 1) << out;
+  EXPECT_GE(took, 1.5) << out;  // not before the heartbeat timeout
+  EXPECT_THAT(out, HasSubstr("node 1's launcher sent no heartbeat for 2 s (--heartbeat-timeout): it was killed, "
+                             "hangs or is cut off; stopping 1 local worker"));
+  EXPECT_THAT(out, HasSubstr("lockstep run: failed: node 1's launcher sent no heartbeat"));
+  EXPECT_TRUE(testing::wait_until([&] { return !testing::process_alive(survivor); }, seconds(2)));
+}
+
+TEST(MultiNode, NodeWhoseLauncherIsKilledIsDeclaredFailedByHeartbeat) {
+  node_killed_mid_run({{}, {}}, "127.0.0.1", {{}, {}});
+}
+
+TEST(MultiNode, HeartbeatAcrossTwoNetworkNamespaces) {
+  if (const std::string why = namespaces_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  NamespacePair ns;
+  if (!ns.error().empty()) GTEST_SKIP() << "cannot create network namespaces here: " << ns.error();
+  node_killed_mid_run({ns.exec(0), ns.exec(1)}, NamespacePair::kAddresses[0], {{}, {}});
+}
+
 }  // namespace
 }  // namespace lockstep

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace c10d {
 class TCPStore;
@@ -63,6 +65,11 @@ class Rendezvous {
   // The failure some node reported for `round`, if any.
   std::optional<std::string> failure(int64_t round);
 
+  // Tells the other nodes that this node's launcher is alive. See Note [Launcher heartbeats].
+  void beat(int64_t round);
+  // A node whose heartbeat has not moved for `timeout`, as seen from here; nullopt if none.
+  std::optional<int64_t> silent_node(int64_t round, std::chrono::milliseconds timeout);
+
   void report_done(int64_t round);
   bool all_done(int64_t round);
   // Called once the outcome is known. Node 0 waits (briefly) for the others to leave, so that its
@@ -79,6 +86,11 @@ class Rendezvous {
 
   RendezvousOptions options_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
+  // Per node: the last heartbeat count seen and when it last changed, for round beats_round_.
+  int64_t beats_round_ = -1;
+  std::vector<int64_t> last_beat_;
+  std::vector<std::chrono::steady_clock::time_point> last_change_;
+  std::set<int64_t> silent_;  // nodes declared failed by their silence
 };
 
 // A TCP port that was free on this host a moment ago (bound to port 0 and released).
