@@ -240,7 +240,8 @@ int Launcher::run() {
                             .master_addr(options_.master_addr())
                             .master_port(options_.master_port() != 0 ? options_.master_port()
                                                                      : kDefaultMasterPort)
-                            .timeout(to_ms(options_.rdzv_timeout())));
+                            .timeout(to_ms(options_.rdzv_timeout()))
+                            .program_argc(static_cast<int64_t>(options_.program().size())));
   for (int64_t restart = 0;; ++restart) {
     const NodeAssignment assignment = rendezvous.join(restart, options_.nproc_per_node());
     const int port = worker_port();

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -76,19 +77,23 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
   std::vector<std::string> node_keys;
   for (int64_t n = 0; n < nnodes; ++n) node_keys.push_back(key(round, "node" + std::to_string(n)));
 
-  // See Note [Nodes agree on the job]. "NNODES NODE_RANK" of the first node to join.
-  const std::string mine = std::to_string(nnodes) + " " + me;
+  // See Note [Nodes agree on the job]. "NNODES ARGC NODE_RANK" of the first node to join.
+  const int64_t argc = options_.program_argc();
+  const std::string mine = c10::str(nnodes, " ", argc, " ", me);
   store_->add(key(round, "connected"), 1);  // before the compareSet: see abort()
-  const std::string first = to_string(store_->compareSet(key(round, "nnodes"), {}, to_bytes(mine)));
+  const std::string first = to_string(store_->compareSet(key(round, "job"), {}, to_bytes(mine)));
   if (first != mine) {
-    const std::string other_nnodes = first.substr(0, first.find(' '));
-    if (other_nnodes != std::to_string(nnodes)) {
-      const std::string why = c10::str(
-          "nodes disagree on the job: node ", me, " was started with --nnodes ", nnodes, " but node ",
-          first.substr(first.find(' ') + 1), " with --nnodes ", other_nnodes,
-          "; start every node with the same --nnodes (and each with its own --node-rank)");
-      abort(round, why);
-    }
+    std::istringstream fields(first);
+    int64_t other_nnodes = -1, other_argc = -1, other_node = -1;
+    fields >> other_nnodes >> other_argc >> other_node;
+    if (other_nnodes != nnodes)
+      abort(round, c10::str("nodes disagree on the job: node ", me, " was started with --nnodes ", nnodes,
+                            " but node ", other_node, " with --nnodes ", other_nnodes,
+                            "; start every node with the same --nnodes (and each with its own --node-rank)"));
+    if (other_argc != argc)
+      abort(round, c10::str("nodes disagree on the job: node ", me, " runs a program of ", argc,
+                            " words (PROGRAM and its arguments) but node ", other_node, " one of ", other_argc,
+                            "; give every node the same PROGRAM [ARGS...] after --, and check the quoting"));
   }
   store_->set(key(round, "nproc" + me), to_bytes(std::to_string(nproc_per_node)));
   const int64_t arrivals = store_->add(node_keys[options_.node_rank()], 1);
@@ -138,7 +143,9 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
 // Note [Nodes agree on the job]
 // Nodes started with different --nnodes would never meet: each waits for its own count of nodes
 // (node 0 for 2, node 1 for a node 2 that never comes), until the rendezvous timeout, or node 0
-// starts its workers into a group that never forms. The first node to join records its --nnodes;
+// starts its workers into a group that never forms; nodes whose programs differ in their number of
+// words (a quoting slip on one host) would form a group of mismatched workers. The first node to
+// join records its --nnodes and word count;
 // a node that disagrees writes the reason to the round's "abort" key and fails, and every node
 // waiting in join() reads the key and fails with the same words at once. Node 0 hosts the store,
 // so when it is the one to fail it first waits (briefly) until the others have read the reason.

@@ -181,6 +181,32 @@ TEST(MultiNode, NodesThatDisagreeOnNnodesBothFailAtOnceNamingBothValues) {
   }
 }
 
+// `-- sh -c 'a b'` on one host and `-- sh -c a b` on another: a quoting slip made the nodes run
+// different programs in one group.
+TEST(MultiNode, NodesWhoseProgramsDifferInWordCountBothFailNamingBothCounts) {
+  TempDir dir;
+  const int port = testing::free_port_pair();
+  ASSERT_NE(port, 0);
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    std::vector<std::string> argv{LOCKSTEP_CLI, "run", "--nnodes", "2", "--node-rank", std::to_string(n),
+                                  "--master-port", std::to_string(port), "--rdzv-timeout", "60", "--",
+                                  "touch", dir / ("started." + std::to_string(n))};
+    if (n == 1) argv.push_back(dir / "extra");
+    nodes.push_back(std::make_unique<ChildProcess>(argv, dir / ("node" + std::to_string(n) + ".out")));
+  }
+  for (int n = 0; n < 2; ++n) {
+    const std::optional<int> code = nodes[n]->wait_for(seconds(15));
+    const std::string out = testing::read_text(dir / ("node" + std::to_string(n) + ".out"));
+    EXPECT_EQ(code.value_or(-1), 1) << out;
+    EXPECT_THAT(out, HasSubstr("nodes disagree on the job: node "));
+    EXPECT_THAT(out, ::testing::ContainsRegex("runs a program of [23] words \\(PROGRAM and its arguments\\) "
+                                              "but node [01] one of [23]; give every node the same PROGRAM"))
+        << out;
+    EXPECT_FALSE(std::filesystem::exists(dir / ("started." + std::to_string(n))));
+  }
+}
+
 TEST(MultiNode, RestartAfterAFailureRestartsEveryNode) {
   TempDir dir;
   const int port = testing::free_port_pair();

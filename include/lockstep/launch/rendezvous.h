@@ -28,6 +28,8 @@ struct RendezvousOptions {
   TORCH_ARG(std::string, master_addr) = "127.0.0.1";
   // The workers' MASTER_PORT; the launchers use master_port + kRendezvousPortOffset.
   TORCH_ARG(int, master_port) = 29500;
+  // Words of PROGRAM [ARGS...]; every node must run the same count. See Note [Nodes agree on the job].
+  TORCH_ARG(int64_t, program_argc) = 0;
   // How long join() waits for every node, and how long a node waits to reach node 0.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(300);
 };
@@ -56,7 +58,7 @@ class Rendezvous {
 
   // Blocks until every node has joined `round`, then assigns global ranks in node-rank order.
   // On timeout throws c10::Error saying how many of how many nodes arrived, and which; when nodes
-  // disagree on --nnodes, every node throws at once naming both values.
+  // disagree on --nnodes or on the program's word count, every node throws at once naming both.
   NodeAssignment join(int64_t round, int64_t nproc_per_node);
 
   // Tells every node that `round` failed; the first report of a round is kept. Returns that first
