@@ -39,14 +39,17 @@ UniqueFd open_log(const std::string& path) {
   return fd;
 }
 
-void write_all(int fd, const char* data, size_t size) {
+// Writes everything; returns 0, or the errno of the write that failed (ENOSPC on a full disk).
+int write_all(int fd, const char* data, size_t size) {
   while (size > 0) {
     const ssize_t n = ::write(fd, data, size);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
     data += n;
     size -= static_cast<size_t>(n);
   }
+  return 0;
 }
 
 // A NULL-terminated char* array over strings that outlive it, as execve wants.
@@ -62,9 +65,25 @@ std::vector<char*> c_array(const std::vector<std::string>& strings) {
 struct Stream {
   UniqueFd pipe;  // read end, non-blocking; closed at EOF
   UniqueFd log;
+  std::string log_path;
+  size_t logged = 0;  // bytes written to the log so far
   LinePrefixer lines;
 
   Stream(const std::string& prefix, int out_fd, size_t tail) : lines(prefix, out_fd, tail) {}
+
+  // A log that cannot be written (full disk, quota) is reported once, naming the file and how much
+  // of it is good, and closed: the console still gets every line.
+  void write_log(const char* data, size_t size) {
+    if (const int err = write_all(log.get(), data, size); err != 0) {
+      const std::string msg = "lockstep run: cannot write " + log_path + ": " + os_error(err) +
+                              "; the file holds only the first " + std::to_string(logged) +
+                              " bytes of this output (the console gets all of it); free space under --log-dir\n";
+      write_all(STDERR_FILENO, msg.data(), msg.size());
+      log.reset();
+      return;
+    }
+    logged += size;
+  }
 
   // Reads what is available; closes the pipe at EOF.
   void forward() {
@@ -72,7 +91,7 @@ struct Stream {
     while (pipe.valid()) {
       const ssize_t n = ::read(pipe.get(), buf, sizeof(buf));
       if (n > 0) {
-        if (log.valid()) write_all(log.get(), buf, static_cast<size_t>(n));
+        if (log.valid()) write_log(buf, static_cast<size_t>(n));
         lines.feed(std::string_view(buf, static_cast<size_t>(n)));
       } else if (n < 0 && errno == EINTR) {
         continue;
@@ -124,7 +143,9 @@ WorkerGroup::WorkerGroup(const std::string& executable, const std::vector<std::s
     if (!log_dir.empty()) {
       const std::string base = log_dir + "/rank_" + std::to_string(w->spec.rank);
       w->out.log = open_log(base + ".stdout");
+      w->out.log_path = base + ".stdout";
       w->err.log = open_log(base + ".stderr");
+      w->err.log_path = base + ".stderr";
     }
     workers_.push_back(std::move(w));
   }

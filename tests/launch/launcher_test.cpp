@@ -306,6 +306,26 @@ TEST(Launcher, LogDirKeepsEachRanksOutputPerAttempt) {
   EXPECT_EQ(testing::read_text(logs + "/attempt_1/rank_1.stderr"), "err 1\n");
 }
 
+// --log-dir on a full disk: the rank files were cut short without a word. Run in a private mount
+// namespace with a 16 KiB tmpfs as the log directory.
+TEST(Launcher, LogDirOnAFullDiskIsReportedNamingTheFile) {
+  if (::geteuid() != 0 || testing::run_command("command -v unshare").exit_code != 0)
+    GTEST_SKIP() << "needs root and unshare(1) to mount a small tmpfs in a private mount namespace";
+  TempDir dir;
+  const std::string logs = dir / "logs";
+  std::filesystem::create_directories(logs);
+  const std::string command = "unshare -m sh -c 'mount -t tmpfs -o size=16k none " + logs + " && exec " +
+                              LOCKSTEP_CLI + " run --log-dir " + logs +
+                              " -- sh -c \"i=0; while [ \\$i -lt 2000 ]; do echo line \\$i of some length; "
+                              "i=\\$((i + 1)); done\"'";
+  auto r = testing::run_command(command);
+  EXPECT_EQ(r.exit_code, 0) << r.output.substr(0, 2000);
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("lockstep run: cannot write " + logs +
+                                                 "/attempt_0/rank_0.stdout: No space left on device \\(errno 28\\); "
+                                                 "the file holds only the first [0-9]+ bytes of this output"));
+  EXPECT_THAT(r.output, HasSubstr("[rank 0] line 1999 of some length"));  // the console has it all
+}
+
 // CLI11 reads '[a b]' and '[1,2]' as lists and splits them; after "--" nothing may be rewritten.
 TEST(Launcher, ProgramArgumentsReachTheWorkerByteForByte) {
   TempDir dir;
