@@ -5,6 +5,9 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace lockstep::cli {
 
@@ -15,7 +18,9 @@ struct Command {
   std::function<int()> run;  // returns the process exit code
 };
 
-Command add_run_command(CLI::App& app);
+// `program_tail`: the words after the command line's first "--", exactly as given, or nullopt when
+// there is no "--" (see main.cpp).
+Command add_run_command(CLI::App& app, const std::optional<std::vector<std::string>>& program_tail);
 Command add_train_command(CLI::App& app);
 
 }  // namespace lockstep::cli

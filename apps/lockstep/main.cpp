@@ -1,6 +1,9 @@
 // lockstep: the command-line tool.
 // Exit codes: 0 success, 1 runtime failure (missing data, I/O), 2 bad command line.
+#include <algorithm>
 #include <iostream>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <c10/util/Exception.h>
@@ -9,13 +12,28 @@
 
 int main(int argc, char** argv) {
   using namespace lockstep::cli;
-  CLI::App app{"lockstep: distributed and mixed-precision training for LibTorch"};
+  // Everything after the first "--" is the program `lockstep run` starts, and reaches it byte for
+  // byte: CLI11 never sees it, because it would rewrite it ('[a b]' and '[1,2]' are CLI11 list
+  // syntax, split into several values).
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const auto dashdash = std::find(args.begin(), args.end(), "--");
+  std::optional<std::vector<std::string>> tail;
+  if (dashdash != args.end()) tail.emplace(dashdash + 1, args.end());
+  args.erase(dashdash, args.end());
+  std::reverse(args.begin(), args.end());  // CLI11's parse(vector) takes the arguments last first
+
+  CLI::App app{"lockstep: distributed and mixed-precision training for LibTorch", argv[0]};
   app.set_version_flag("--version", "lockstep 0.1.0");
   app.require_subcommand(0, 1);
-  const std::vector<Command> commands{add_run_command(app), add_train_command(app)};
+  const Command run = add_run_command(app, tail);
+  const std::vector<Command> commands{run, add_train_command(app)};
 
   try {
-    app.parse(argc, argv);
+    app.parse(args);
+    if (tail && !run.app->parsed())
+      throw CLI::ExtrasError("'--' and what follows it are for `lockstep run -- PROGRAM [ARGS...]`; "
+                             "no other command takes them",
+                             CLI::ExitCodes::ExtrasError);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);  // prints help, or the error with a hint
     return code == 0 ? 0 : kUsageError;

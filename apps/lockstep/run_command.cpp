@@ -6,7 +6,7 @@
 
 namespace lockstep::cli {
 
-Command add_run_command(CLI::App& app) {
+Command add_run_command(CLI::App& app, const std::optional<std::vector<std::string>>& program_tail) {
   CLI::App* cmd = app.add_subcommand(
       "run", "Start PROGRAM once per rank (torchrun for C++): lockstep run [OPTIONS] -- PROGRAM [ARGS...]");
   cmd->option_defaults()->always_capture_default();
@@ -27,9 +27,19 @@ Command add_run_command(CLI::App& app) {
                   "Also write each rank's output to DIR/attempt_K/rank_N.stdout and .stderr");
   cmd->add_option("--grace-period", o->grace_period(),
                   "Seconds between SIGTERM and SIGKILL when stopping workers");
+  cmd->add_option("--heartbeat-timeout", o->heartbeat_timeout(),
+                  "Seconds another node's launcher may stay silent before its node is declared failed");
+  // Only for `lockstep run PROGRAM` without "--"; after "--", main() hands over the words untouched.
   cmd->add_option("program", o->program(), "PROGRAM [ARGS...], after --");
 
-  return {cmd, [o] { return launch::Launcher(*o).run(); }};
+  return {cmd, [o, program_tail] {
+            // Words before "--" (if any) came through CLI11; a "--" after them was meant for them.
+            if (program_tail) {
+              if (!o->program().empty()) o->program().push_back("--");
+              o->program().insert(o->program().end(), program_tail->begin(), program_tail->end());
+            }
+            return launch::Launcher(*o).run();
+          }};
 }
 
 }  // namespace lockstep::cli

@@ -2,11 +2,13 @@
 
 #include <c10/util/Exception.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <string>
+#include <vector>
 
 namespace lockstep {
 namespace {
@@ -64,10 +66,27 @@ void write_file_atomic(const std::string& path, const std::vector<char>& bytes) 
 }
 
 std::vector<char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, "cannot read '", path, "': ", std::strerror(errno));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  TORCH_CHECK(!in.bad(), "cannot read '", path, "': I/O error");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "cannot read '", path, "': ", std::strerror(errno));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  TORCH_CHECK(::fstat(fd, &st) == 0, "cannot read '", path, "': ", std::strerror(errno));
+  // open() succeeds on a directory and read() then fails with EISDIR; say so in words.
+  TORCH_CHECK(!S_ISDIR(st.st_mode), "cannot read '", path,
+              "': it is a directory, not a file; give the path of a file");
+  std::vector<char> bytes;
+  if (S_ISREG(st.st_mode)) bytes.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    TORCH_CHECK(n >= 0, "cannot read '", path, "': ", std::strerror(errno));
+    if (n == 0) break;
+    bytes.insert(bytes.end(), buf, buf + n);
+  }
   return bytes;
 }
 

@@ -2,9 +2,13 @@
 
 #include <zlib.h>
 
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 #include <sys/stat.h>
 
 namespace lockstep::data {
@@ -62,20 +66,41 @@ torch::Tensor read_idx(const std::string& path) {
   TORCH_CHECK(magic == kImagesMagic || magic == kLabelsMagic, "IDX file '", path,
               "' has magic number ", magic, "; expected ", kImagesMagic, " (images) or ",
               kLabelsMagic, " (labels)");
-  int64_t count = big_endian(head.data() + 4);
+  const int64_t count = big_endian(head.data() + 4);
+  const char* fix = "; re-install it (apt-get install --reinstall dataset-fashion-mnist) or regenerate it";
 
   std::vector<int64_t> shape{count};
   if (magic == kImagesMagic) {
     std::array<unsigned char, 8> dims{};
     TORCH_CHECK(read_up_to(gz.file, dims.data(), dims.size(), path) == dims.size(), "IDX file '",
-                path, "' is truncated: it ends inside its image-size header");
+                path, "' is truncated: it ends inside its image-size header", fix);
     shape = {count, 1, big_endian(dims.data()), big_endian(dims.data() + 4)};
   }
+  // The header is only a claim: the data is read in bounded chunks and the tensor allocated once
+  // the bytes are there, so a corrupt header (65535 images of 65535x65535) costs no more memory
+  // than the file's real contents.
+  uint64_t expected = 1;
+  for (int64_t d : shape)
+    TORCH_CHECK(!__builtin_mul_overflow(expected, static_cast<uint64_t>(d), &expected), "IDX file '",
+                path, "' has an impossible header: dimensions ", c10::Join(" x ", shape),
+                " overflow 64 bits", fix);
+  std::vector<uint8_t> data;
+  constexpr size_t kChunk = size_t{1} << 20;
+  while (data.size() < expected) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunk, expected - data.size()));
+    const size_t old = data.size();
+    data.resize(old + want);
+    const size_t got = read_up_to(gz.file, data.data() + old, want, path);
+    data.resize(old + got);
+    if (got < want) break;
+  }
+  TORCH_CHECK(data.size() == expected, "IDX file '", path, "' is truncated or its header is corrupt: ",
+              "the header promises ", count,
+              magic == kImagesMagic ? c10::str(" images of ", shape[2], "x", shape[3], " bytes")
+                                    : std::string(" labels"),
+              " (", expected, " bytes of data) but the file holds ", data.size(), " bytes", fix);
   torch::Tensor out = torch::empty(shape, torch::kUInt8);
-  size_t expected = static_cast<size_t>(out.numel());
-  size_t got = read_up_to(gz.file, out.data_ptr<uint8_t>(), expected, path);
-  TORCH_CHECK(got == expected, "IDX file '", path, "' is truncated: header promises ", count,
-              " items (", expected, " bytes of data) but the file holds ", got, " bytes");
+  if (expected > 0) std::memcpy(out.data_ptr<uint8_t>(), data.data(), data.size());
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -130,11 +131,44 @@ struct RoundOutcome {
 
 }  // namespace
 
+// Note [Launcher bounds]
+// Every count and duration is checked against a range before anything starts: c10d counts
+// timeouts in whole milliseconds and reads 0 as "wait forever", seconds are turned into int64
+// milliseconds (1e300 would overflow), and every worker's environment is built up front (so a
+// huge --nproc-per-node would exhaust memory before the first fork).
+namespace {
+
+constexpr int64_t kMaxNprocPerNode = 1024;
+constexpr int64_t kMaxNnodes = 65536;
+constexpr int64_t kMaxRestarts = 1000000;
+constexpr double kMinRdzvTimeout = 0.001;      // seconds: 1 ms, c10d's resolution
+constexpr double kMaxDuration = 7 * 24 * 3600;  // seconds: a week, far beyond any sane wait
+constexpr double kMinHeartbeatTimeout = 1.0;    // seconds: four beats
+
+void check_count(const char* flag, int64_t value, int64_t low, int64_t high, const std::string& hint) {
+  TORCH_CHECK_VALUE(value >= low && value <= high, flag, " ", value, " is out of range: it must be in [",
+                    low, ", ", high, "]; ", hint);
+}
+
+void check_seconds(const char* flag, double value, double low, const std::string& hint) {
+  TORCH_CHECK_VALUE(std::isfinite(value) && value >= low && value <= kMaxDuration, flag, " ", value,
+                    " is out of range: it must be a number of seconds in [", low, ", ", kMaxDuration,
+                    "] (up to 7 days); ", hint);
+}
+
+}  // namespace
+
 void LaunchOptions::validate() const {
   TORCH_CHECK_VALUE(!program_.empty() && !program_[0].empty(),
                     "no program to run; usage: lockstep run [OPTIONS] -- PROGRAM [ARGS...]");
-  TORCH_CHECK_VALUE(nproc_per_node_ >= 1, "--nproc-per-node must be at least 1, got ", nproc_per_node_);
-  TORCH_CHECK_VALUE(nnodes_ >= 1, "--nnodes must be at least 1, got ", nnodes_);
+  // See Note [Launcher bounds].
+  if (nproc_per_node_ < 1)
+    TORCH_CHECK_VALUE(false, "--nproc-per-node must be at least 1, got ", nproc_per_node_);
+  check_count("--nproc-per-node", nproc_per_node_, 1, kMaxNprocPerNode,
+              "start one worker per device or core (this host has " + std::to_string(available_cores()) +
+                  " cores)");
+  if (nnodes_ < 1) TORCH_CHECK_VALUE(false, "--nnodes must be at least 1, got ", nnodes_);
+  check_count("--nnodes", nnodes_, 1, kMaxNnodes, "give the number of hosts taking part");
   TORCH_CHECK_VALUE(node_rank_ >= 0 && node_rank_ < nnodes_, "--node-rank ", node_rank_,
                     " is outside [0, ", nnodes_, ") for --nnodes ", nnodes_,
                     "; number the nodes 0 to ", nnodes_ - 1);
@@ -146,9 +180,14 @@ void LaunchOptions::validate() const {
                     master_port_, " is not usable: the workers use it and the launchers the next port, "
                     "so it must be in [1, 65534] (or 0 for the default)");
   TORCH_CHECK_VALUE(!master_addr_.empty(), "--master-addr is empty; give node 0's host name or address");
-  TORCH_CHECK_VALUE(rdzv_timeout_ > 0, "--rdzv-timeout must be positive (seconds), got ", rdzv_timeout_);
-  TORCH_CHECK_VALUE(max_restarts_ >= 0, "--max-restarts must be at least 0, got ", max_restarts_);
-  TORCH_CHECK_VALUE(grace_period_ >= 0, "--grace-period must be at least 0 (seconds), got ", grace_period_);
+  check_seconds("--rdzv-timeout", rdzv_timeout_, kMinRdzvTimeout,
+                "c10d counts whole milliseconds and takes 0 as 'wait forever'; the default is 300");
+  check_count("--max-restarts", max_restarts_, 0, kMaxRestarts, "0 (the default) never restarts");
+  check_seconds("--grace-period", grace_period_, 0.0,
+                "it is how long stopping workers may take before SIGKILL; the default is 5");
+  check_seconds("--heartbeat-timeout", heartbeat_timeout_, kMinHeartbeatTimeout,
+                "launchers beat every " + std::to_string(kPeerCheckEvery.count()) +
+                    " ms, so allow several beats; the default is 30");
 }
 
 Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {
@@ -194,13 +233,15 @@ std::vector<std::string> Launcher::worker_env(int64_t rank, int64_t local_rank, 
 
 int Launcher::run() {
   const milliseconds grace = to_ms(options_.grace_period());
+  const milliseconds heartbeat = to_ms(options_.heartbeat_timeout());
   Rendezvous rendezvous(RendezvousOptions()
                             .nnodes(options_.nnodes())
                             .node_rank(options_.node_rank())
                             .master_addr(options_.master_addr())
                             .master_port(options_.master_port() != 0 ? options_.master_port()
                                                                      : kDefaultMasterPort)
-                            .timeout(to_ms(options_.rdzv_timeout())));
+                            .timeout(to_ms(options_.rdzv_timeout()))
+                            .program_argc(static_cast<int64_t>(options_.program().size())));
   for (int64_t restart = 0;; ++restart) {
     const NodeAssignment assignment = rendezvous.join(restart, options_.nproc_per_node());
     const int port = worker_port();
@@ -239,8 +280,15 @@ int Launcher::run() {
                              std::to_string(options_.node_rank()) + ", local rank " +
                              std::to_string(failed->local_rank) + ", pid " + std::to_string(failed->pid) +
                              ") " + failed->describe();
+          // Reported before it is printed: a test (or a person) that sees the line may rely on the
+          // other nodes being able to know it.
+          const std::string first = rendezvous.report_failure(restart, what);
           say(what);
-          rendezvous.report_failure(restart, what);
+          for (const StoppedWorker& s : group.stopped())
+            say("rank " + std::to_string(s.rank) + " (local rank " + std::to_string(s.local_rank) + ", pid " +
+                std::to_string(s.pid) + ") is stopped by " + signal_name(s.signal) +
+                ": a stopped rank never arrives at a collective, so the others time out waiting for "
+                "it; look at rank " + std::to_string(s.rank) + " first (SIGCONT resumes it)");
           const size_t others = group.running();
           if (others > 0)
             say("stopping the other " + plural(others, "local worker") + " (SIGTERM, then SIGKILL after " +
@@ -252,7 +300,8 @@ int Launcher::run() {
                 std::to_string(failed->rank) + "'s stderr:");
             for (const std::string& line : tail) std::cerr << "  " << line << "\n";
           }
-          outcome = {RoundOutcome::Kind::kFailed, 0, what};
+          if (first != what) say("the first failure was on another node: " + first);
+          outcome = {RoundOutcome::Kind::kFailed, 0, first};
           break;
         }
         if (!done && group.all_exited()) {
@@ -263,6 +312,17 @@ int Launcher::run() {
         if (done && rendezvous.all_done(restart)) break;
         if (rendezvous.nnodes() > 1 && Clock::now() >= next_peer_check) {
           next_peer_check = Clock::now() + kPeerCheckEvery;
+          rendezvous.beat(restart);  // See Note [Launcher heartbeats].
+          if (const std::optional<int64_t> silent = rendezvous.silent_node(restart, heartbeat)) {
+            const std::string what = "node " + std::to_string(*silent) + "'s launcher sent no heartbeat for " +
+                                     format_seconds(options_.heartbeat_timeout()) +
+                                     " (--heartbeat-timeout): it was killed, hangs or is cut off";
+            const std::string first = rendezvous.report_failure(restart, what);
+            say(what + "; stopping " + plural(group.running(), "local worker"));
+            group.stop(SIGTERM);
+            outcome = {RoundOutcome::Kind::kFailed, 0, first};
+            break;
+          }
           if (std::optional<std::string> remote = rendezvous.failure(restart)) {
             say("another node failed: " + *remote + "; stopping " + plural(group.running(), "local worker"));
             group.stop(SIGTERM);

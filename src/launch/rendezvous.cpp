@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <sstream>
+#include <thread>
 #include <vector>
 
 #include "lockstep/launch/unique_fd.h"
@@ -21,6 +23,8 @@ using std::chrono::milliseconds;
 
 // How long node 0 keeps its store up for the other nodes to read a round's outcome.
 constexpr milliseconds kLeaveTimeout{10000};
+// How often a joining node looks for the others, or for a reason to give up (an abort).
+constexpr milliseconds kJoinPoll{20};
 
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string to_string(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
@@ -73,28 +77,58 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
   std::vector<std::string> node_keys;
   for (int64_t n = 0; n < nnodes; ++n) node_keys.push_back(key(round, "node" + std::to_string(n)));
 
+  // See Note [Nodes agree on the job]. "NNODES ARGC NODE_RANK" of the first node to join.
+  const int64_t argc = options_.program_argc();
+  const std::string mine = c10::str(nnodes, " ", argc, " ", me);
+  store_->add(key(round, "connected"), 1);  // before the compareSet: see abort()
+  const std::string first = to_string(store_->compareSet(key(round, "job"), {}, to_bytes(mine)));
+  if (first != mine) {
+    std::istringstream fields(first);
+    int64_t other_nnodes = -1, other_argc = -1, other_node = -1;
+    fields >> other_nnodes >> other_argc >> other_node;
+    if (other_nnodes != nnodes)
+      abort(round, c10::str("nodes disagree on the job: node ", me, " was started with --nnodes ", nnodes,
+                            " but node ", other_node, " with --nnodes ", other_nnodes,
+                            "; start every node with the same --nnodes (and each with its own --node-rank)"));
+    if (other_argc != argc)
+      abort(round, c10::str("nodes disagree on the job: node ", me, " runs a program of ", argc,
+                            " words (PROGRAM and its arguments) but node ", other_node, " one of ", other_argc,
+                            "; give every node the same PROGRAM [ARGS...] after --, and check the quoting"));
+  }
   store_->set(key(round, "nproc" + me), to_bytes(std::to_string(nproc_per_node)));
   const int64_t arrivals = store_->add(node_keys[options_.node_rank()], 1);
   TORCH_CHECK(arrivals == 1, "node rank ", me, " joined rendezvous round ", round, " ", arrivals,
               " times: two launchers were given --node-rank ", me,
               "; give every node its own rank in [0, ", nnodes, ")");
-  try {
-    store_->wait(node_keys, options_.timeout());
-  } catch (const std::exception& e) {
-    std::vector<int64_t> present;
-    std::vector<int64_t> missing;
+  const auto deadline = Clock::now() + options_.timeout();
+  while (true) {
+    bool all_here = false;
     try {
-      for (int64_t n = 0; n < nnodes; ++n)
-        (store_->check({node_keys[n]}) ? present : missing).push_back(n);
-    } catch (const std::exception&) {
+      if (store_->check({key(round, "abort")})) {
+        const std::string why = to_string(store_->get(key(round, "abort")));
+        store_->add(key(round, "abort_seen"), 1);
+        TORCH_CHECK(false, why);
+      }
+      all_here = store_->check(node_keys);
+    } catch (const c10::Error&) {
+      throw;
+    } catch (const std::exception& e) {
       TORCH_CHECK(false, "lost the rendezvous store at ", endpoint(), " while waiting for round ",
                   round, ": node 0's launcher has gone (", e.what(), ")");
     }
-    TORCH_CHECK(false, "rendezvous timed out after ", seconds(options_.timeout()), " s: ",
-                present.size(), " of ", nnodes, " nodes arrived at ", endpoint(), " (present: ",
-                c10::Join(", ", present), "; missing: ", c10::Join(", ", missing),
-                "); start `lockstep run --nnodes ", nnodes,
-                " --node-rank R ...` on the missing nodes, or raise --rdzv-timeout");
+    if (all_here) break;
+    if (Clock::now() >= deadline) {
+      std::vector<int64_t> present;
+      std::vector<int64_t> missing;
+      for (int64_t n = 0; n < nnodes; ++n)
+        (store_->check({node_keys[n]}) ? present : missing).push_back(n);
+      TORCH_CHECK(false, "rendezvous timed out after ", seconds(options_.timeout()), " s: ",
+                  present.size(), " of ", nnodes, " nodes arrived at ", endpoint(), " (present: ",
+                  c10::Join(", ", present), "; missing: ", c10::Join(", ", missing),
+                  "); start `lockstep run --nnodes ", nnodes,
+                  " --node-rank R ...` on the missing nodes, or raise --rdzv-timeout");
+    }
+    std::this_thread::sleep_for(std::min<milliseconds>(kJoinPoll, options_.timeout()));
   }
   // Ranks follow node rank: node n's workers come after those of nodes 0..n-1.
   for (int64_t n = 0; n < nnodes; ++n) {
@@ -106,12 +140,38 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
   return a;
 }
 
-void Rendezvous::report_failure(int64_t round, const std::string& what) {
-  if (!store_) return;
+// Note [Nodes agree on the job]
+// Nodes started with different --nnodes would never meet: each waits for its own count of nodes
+// (node 0 for 2, node 1 for a node 2 that never comes), until the rendezvous timeout, or node 0
+// starts its workers into a group that never forms; nodes whose programs differ in their number of
+// words (a quoting slip on one host) would form a group of mismatched workers. The first node to
+// join records its --nnodes and word count;
+// a node that disagrees writes the reason to the round's "abort" key and fails, and every node
+// waiting in join() reads the key and fails with the same words at once. Node 0 hosts the store,
+// so when it is the one to fail it first waits (briefly) until the others have read the reason.
+void Rendezvous::abort(int64_t round, const std::string& why) {
+  store_->compareSet(key(round, "abort"), {}, to_bytes(why));
+  if (options_.node_rank() == 0) {
+    const auto deadline = Clock::now() + kLeaveTimeout;
+    try {
+      while (Clock::now() < deadline &&
+             store_->add(key(round, "abort_seen"), 0) < store_->add(key(round, "connected"), 0) - 1)
+        std::this_thread::sleep_for(kJoinPoll);
+    } catch (const std::exception&) {
+      // Nothing more to tell anyone.
+    }
+  }
+  throw c10::Error(why, "");
+}
+
+std::string Rendezvous::report_failure(int64_t round, const std::string& what) {
+  if (!store_) return what;
   try {
-    store_->compareSet(key(round, "failed"), {}, to_bytes(what));
+    // compareSet answers with the value now stored: ours if nobody was first.
+    return to_string(store_->compareSet(key(round, "failed"), {}, to_bytes(what)));
   } catch (const std::exception&) {
     // Node 0 is gone; the other nodes learn of it from their own store errors.
+    return what;
   }
 }
 
@@ -124,6 +184,53 @@ std::optional<std::string> Rendezvous::failure(int64_t round) {
     TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
                 ": node 0's launcher has exited or the network failed (", e.what(), ")");
   }
+}
+
+// Note [Launcher heartbeats]
+// A node whose launcher is SIGKILLed (or hangs, or is cut off) takes its workers with it
+// (PR_SET_PDEATHSIG), and the other nodes' workers then wait in a collective until its timeout.
+// So while a round runs, every launcher bumps its counter in the store several times a second, and
+// watches the others' counters: one that has not moved for --heartbeat-timeout, by this node's
+// clock, is declared failed and the round ends on every node (and restarts if restarts remain).
+// Counting on the local steady clock needs no agreement between the nodes' clocks. Node 0's death
+// needs no heartbeat: it hosts the store, and every other node's next store call fails.
+void Rendezvous::beat(int64_t round) {
+  if (!store_) return;
+  try {
+    store_->add(key(round, "beat" + std::to_string(options_.node_rank())), 1);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
+                ": node 0's launcher has exited or the network failed (", e.what(), ")");
+  }
+}
+
+std::optional<int64_t> Rendezvous::silent_node(int64_t round, milliseconds timeout) {
+  if (!store_) return std::nullopt;
+  const auto now = Clock::now();
+  if (beats_round_ != round) {
+    beats_round_ = round;
+    last_beat_.assign(static_cast<size_t>(options_.nnodes()), -1);
+    last_change_.assign(static_cast<size_t>(options_.nnodes()), now);
+  }
+  for (int64_t n = 0; n < options_.nnodes(); ++n) {
+    if (n == options_.node_rank()) continue;
+    int64_t beats = 0;
+    try {
+      beats = store_->add(key(round, "beat" + std::to_string(n)), 0);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
+                  ": node 0's launcher has exited or the network failed (", e.what(), ")");
+    }
+    const auto i = static_cast<size_t>(n);
+    if (beats != last_beat_[i]) {
+      last_beat_[i] = beats;
+      last_change_[i] = now;
+    } else if (now - last_change_[i] >= timeout) {
+      silent_.insert(n);  // leave() waits for it no more
+      return n;
+    }
+  }
+  return std::nullopt;
 }
 
 void Rendezvous::report_done(int64_t round) {
@@ -148,7 +255,9 @@ void Rendezvous::leave(int64_t round) {
       return;
     }
     std::vector<std::string> others;
-    for (int64_t n = 1; n < options_.nnodes(); ++n) others.push_back(key(round, "left" + std::to_string(n)));
+    for (int64_t n = 1; n < options_.nnodes(); ++n)
+      if (!silent_.count(n)) others.push_back(key(round, "left" + std::to_string(n)));
+    if (others.empty()) return;
     store_->wait(others, kLeaveTimeout);
   } catch (const std::exception&) {
     // The outcome is settled; a node that does not say goodbye in time does not change it.

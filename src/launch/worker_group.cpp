@@ -6,6 +6,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,14 +39,17 @@ UniqueFd open_log(const std::string& path) {
   return fd;
 }
 
-void write_all(int fd, const char* data, size_t size) {
+// Writes everything; returns 0, or the errno of the write that failed (ENOSPC on a full disk).
+int write_all(int fd, const char* data, size_t size) {
   while (size > 0) {
     const ssize_t n = ::write(fd, data, size);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
     data += n;
     size -= static_cast<size_t>(n);
   }
+  return 0;
 }
 
 // A NULL-terminated char* array over strings that outlive it, as execve wants.
@@ -60,9 +65,25 @@ std::vector<char*> c_array(const std::vector<std::string>& strings) {
 struct Stream {
   UniqueFd pipe;  // read end, non-blocking; closed at EOF
   UniqueFd log;
+  std::string log_path;
+  size_t logged = 0;  // bytes written to the log so far
   LinePrefixer lines;
 
   Stream(const std::string& prefix, int out_fd, size_t tail) : lines(prefix, out_fd, tail) {}
+
+  // A log that cannot be written (full disk, quota) is reported once, naming the file and how much
+  // of it is good, and closed: the console still gets every line.
+  void write_log(const char* data, size_t size) {
+    if (const int err = write_all(log.get(), data, size); err != 0) {
+      const std::string msg = "lockstep run: cannot write " + log_path + ": " + os_error(err) +
+                              "; the file holds only the first " + std::to_string(logged) +
+                              " bytes of this output (the console gets all of it); free space under --log-dir\n";
+      write_all(STDERR_FILENO, msg.data(), msg.size());
+      log.reset();
+      return;
+    }
+    logged += size;
+  }
 
   // Reads what is available; closes the pipe at EOF.
   void forward() {
@@ -70,7 +91,7 @@ struct Stream {
     while (pipe.valid()) {
       const ssize_t n = ::read(pipe.get(), buf, sizeof(buf));
       if (n > 0) {
-        if (log.valid()) write_all(log.get(), buf, static_cast<size_t>(n));
+        if (log.valid()) write_log(buf, static_cast<size_t>(n));
         lines.feed(std::string_view(buf, static_cast<size_t>(n)));
       } else if (n < 0 && errno == EINTR) {
         continue;
@@ -89,6 +110,8 @@ struct Stream {
 struct WorkerGroup::Worker {
   WorkerSpec spec;
   pid_t pid = -1;
+  UniqueFd pidfd;      // readable once the worker has exited; closed when it is reaped
+  int stop_signal = 0;  // the signal that stopped it (SIGSTOP, SIGTSTP, ...) while it is stopped
   std::optional<WorkerExit> exit;
   Stream out;
   Stream err;
@@ -113,12 +136,16 @@ WorkerGroup::WorkerGroup(const std::string& executable, const std::vector<std::s
                          std::vector<WorkerSpec> workers, const std::string& log_dir,
                          milliseconds grace_period)
     : grace_period_(grace_period) {
+  exits_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
+  TORCH_CHECK(exits_.valid(), "epoll_create1: ", os_error(errno));
   for (WorkerSpec& spec : workers) {
     auto w = std::make_unique<Worker>(std::move(spec));
     if (!log_dir.empty()) {
       const std::string base = log_dir + "/rank_" + std::to_string(w->spec.rank);
       w->out.log = open_log(base + ".stdout");
+      w->out.log_path = base + ".stdout";
       w->err.log = open_log(base + ".stderr");
+      w->err.log_path = base + ".stderr";
     }
     workers_.push_back(std::move(w));
   }
@@ -186,28 +213,60 @@ void WorkerGroup::spawn(Worker& w, const std::string& executable, const std::vec
   // Also from the parent, so that signalling the group cannot race the child's own setpgid.
   ::setpgid(pid, pid);
   w.pid = pid;
+  // See Note [Which worker failed first]. Without pidfds (Linux < 5.3) exits are found by polling.
+  w.pidfd = UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (w.pidfd.valid()) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    for (size_t i = 0; i < workers_.size(); ++i)
+      if (workers_[i].get() == &w) event.data.u64 = i;
+    ::epoll_ctl(exits_.get(), EPOLL_CTL_ADD, w.pidfd.get(), &event);
+  }
   ::fcntl(out_read.get(), F_SETFL, O_NONBLOCK);
   ::fcntl(err_read.get(), F_SETFL, O_NONBLOCK);
   w.out.pipe = std::move(out_read);
   w.err.pipe = std::move(err_read);
 }
 
+// Note [Which worker failed first]
+// When one rank fails, the others usually fail moments later (a collective's peer vanished), and
+// several can be found dead in the same pass. The one to blame is the first to exit. Each worker's
+// pidfd is in an epoll set, which the supervision loop waits on with the output pipes, so an exit
+// wakes the launcher at once; epoll lists ready descriptors in the order they became ready, so
+// workers are reaped in the order they exited, and the first failure returned is the earliest.
 std::optional<WorkerExit> WorkerGroup::reap() {
   std::optional<WorkerExit> failed;
-  for (auto& w : workers_) {
-    if (w->pid < 0 || w->exit) continue;
+  auto reap_one = [&](Worker& w) {
+    if (w.pid < 0 || w.exit) return;
     int status = 0;
-    const pid_t r = ::waitpid(w->pid, &status, WNOHANG);
-    if (r != w->pid) continue;
+    const pid_t r = ::waitpid(w.pid, &status, WNOHANG | WUNTRACED | WCONTINUED);
+    if (r != w.pid) return;
+    if (WIFSTOPPED(status)) {
+      w.stop_signal = WSTOPSIG(status);
+      return;
+    }
+    if (WIFCONTINUED(status)) {
+      w.stop_signal = 0;
+      return;
+    }
     WorkerExit e;
-    e.rank = w->spec.rank;
-    e.local_rank = w->spec.local_rank;
-    e.pid = w->pid;
+    e.rank = w.spec.rank;
+    e.local_rank = w.spec.local_rank;
+    e.pid = w.pid;
     if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
     else e.exit_code = WEXITSTATUS(status);
-    w->exit = e;
+    w.exit = e;
+    w.stop_signal = 0;
+    if (w.pidfd.valid()) {
+      ::epoll_ctl(exits_.get(), EPOLL_CTL_DEL, w.pidfd.get(), nullptr);
+      w.pidfd.reset();
+    }
     if (!e.ok() && !failed) failed = e;
-  }
+  };
+  std::vector<epoll_event> events(std::max<size_t>(workers_.size(), 1));
+  const int ready = ::epoll_wait(exits_.get(), events.data(), static_cast<int>(events.size()), 0);
+  for (int i = 0; i < ready; ++i) reap_one(*workers_.at(events[static_cast<size_t>(i)].data.u64));
+  for (auto& w : workers_) reap_one(*w);  // stops and continues, and exits without a pidfd
   return failed;
 }
 
@@ -221,6 +280,7 @@ void WorkerGroup::pump(milliseconds max_wait, int wake_fd) {
         streams.push_back(s);
       }
   if (wake_fd >= 0) fds.push_back({wake_fd, POLLIN, 0});
+  fds.push_back({exits_.get(), POLLIN, 0});
   const int n = ::poll(fds.data(), fds.size(), static_cast<int>(max_wait.count()));
   if (n <= 0) return;
   for (size_t i = 0; i < streams.size(); ++i)
@@ -276,6 +336,14 @@ void WorkerGroup::stop(int signal) {
     w->out.lines.finish();
     w->err.lines.finish();
   }
+}
+
+std::vector<StoppedWorker> WorkerGroup::stopped() const {
+  std::vector<StoppedWorker> out;
+  for (const auto& w : workers_)
+    if (w->pid >= 0 && !w->exit && w->stop_signal != 0)
+      out.push_back({w->spec.rank, w->spec.local_rank, w->pid, w->stop_signal});
+  return out;
 }
 
 std::vector<std::string> WorkerGroup::stderr_tail(int64_t local_rank) const {

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/models/torch_load.h"
 
 namespace lockstep::models {
 namespace {
@@ -88,11 +89,20 @@ void load_state_dict(torch::nn::Module& model, const c10::IValue& dict, const st
 }
 
 void load_state_dict_file(torch::nn::Module& model, const std::string& path) {
+  const std::vector<char> bytes = read_file(path);  // names the path itself
+  const char* fix = "; give a file written by torch.save(model.state_dict(), PATH) or by lockstep's "
+                    "--save-model, or re-create it";
   c10::IValue dict;
+  // A corrupt file surfaces from LibTorch's zip reader and unpickler as c10::Error or as any
+  // standard exception (std::out_of_range from a vector, for one).
   try {
-    dict = torch::pickle_load(read_file(path));
+    dict = torch_load(bytes);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "cannot load a state dict from '", path, "': ", e.what_without_backtrace());
+    TORCH_CHECK(false, "cannot load a state dict from '", path, "': the file is corrupt or not a "
+                "PyTorch file (", e.what_without_backtrace(), ")", fix);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cannot load a state dict from '", path, "': the file is corrupt or not a "
+                "PyTorch file (", e.what(), ")", fix);
   }
   load_state_dict(model, dict, "'" + path + "'");
 }

@@ -58,5 +58,17 @@ TEST(AtomicFile, ReadingAMissingFileNamesIt) {
   }
 }
 
+// `--init-weights /tmp` used to end in std::ifstream's "basic_filebuf::underflow".
+TEST(AtomicFile, ReadingADirectoryNamesItAndSaysItIsADirectory) {
+  testing::TempDir dir;
+  try {
+    read_file(dir.path());
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_EQ(std::string(e.what_without_backtrace()),
+              "cannot read '" + dir.path() + "': it is a directory, not a file; give the path of a file");
+  }
+}
+
 }  // namespace
 }  // namespace lockstep

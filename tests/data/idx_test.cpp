@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <fstream>
 
 #include "../test_util.h"
@@ -80,6 +81,28 @@ TEST(Idx, RejectsTruncatedFileWithExpectedAndActualSizes) {
   EXPECT_THAT(msg, HasSubstr("holds 13 bytes"));
   write_plain(dir / "h", be32(2049));
   EXPECT_THAT(error_message([&] { read_idx(dir / "h"); }), HasSubstr("header"));
+}
+
+// A header claiming 65535 images of 65535x65535 bytes (256 TiB) made the reader allocate it all
+// first and fail inside LibTorch's allocator without naming the file.
+TEST(Idx, HugeHeaderIsCheckedAgainstTheDataBeforeAllocating) {
+  testing::TempDir dir;
+  for (const std::string& name : {std::string("huge"), std::string("huge.gz")}) {
+    const std::string content = be32(2051) + be32(65535) + be32(65535) + be32(65535) + std::string(100, 'x');
+    if (name == "huge") write_plain(dir / name, content);
+    else write_gz(dir / name, content);
+    const auto start = std::chrono::steady_clock::now();
+    std::string msg = error_message([&] { read_idx(dir / name); });
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+    EXPECT_THAT(msg, HasSubstr("IDX file '" + (dir / name) + "' is truncated or its header is corrupt"));
+    EXPECT_THAT(msg, HasSubstr("promises 65535 images of 65535x65535 bytes (281462092005375 bytes of data) "
+                               "but the file holds 100 bytes"));
+    EXPECT_THAT(msg, HasSubstr("re-install it"));
+  }
+  // Labels: 2^32 - 1 promised, 3 present.
+  write_plain(dir / "labels", be32(2049) + be32(0xFFFFFFFFu) + "abc");
+  EXPECT_THAT(error_message([&] { read_idx(dir / "labels"); }),
+              HasSubstr("promises 4294967295 labels (4294967295 bytes of data) but the file holds 3 bytes"));
 }
 
 TEST(Idx, MissingFileNamesPathAndPackage) {

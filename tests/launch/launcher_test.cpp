@@ -152,6 +152,53 @@ TEST(Launcher, WorkerKilledBySignalIsNamed) {
   EXPECT_THAT(r.output, HasSubstr("was killed by SIGSEGV"));
 }
 
+// Shell that waits until process $1 has exited (a zombie, or already reaped). Busy-waits without
+// sleeping, so that the caller exits within a millisecond or two of that process.
+std::string until_exited(const std::string& pid_expression) {
+  return "while s=$(cat /proc/" + pid_expression + "/stat 2>/dev/null) && "
+         "[ \"$(echo \"$s\" | cut -d' ' -f3)\" != Z ]; do :; done; ";
+}
+
+// Rank 1 fails; rank 0 fails a moment later, as a rank does when a collective's peer vanishes.
+// Both are usually found dead in the same pass, and the launcher named the lowest rank, rank 0.
+// Rank 1 leaves a child holding its output pipes, so that no end-of-file wakes the launcher early.
+// See Note [Which worker failed first].
+TEST(Launcher, NamesTheRankThatFailedFirstNotTheLowest) {
+  TempDir dir;
+  const std::string script =
+      "if [ $RANK = 1 ]; then sleep 30 & echo $$ > " + dir.path() + "/one.tmp; mv " + dir.path() +
+      "/one.tmp " + dir.path() + "/one; exit 3; fi; "
+      "while [ ! -e " + dir.path() + "/one ]; do sleep 0.01; done; " +
+      until_exited("$(cat " + dir.path() + "/one)") + "exit 5";
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::filesystem::remove(dir / "one");
+    Launch r = launch(dir, {"run", "--nproc-per-node", "2", "--grace-period", "1", "--", "sh", "-c", script});
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("lockstep run: failed: rank 1 (node 0, local rank 1, pid ")) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("exited with code 3")) << r.output;
+    EXPECT_THAT(r.output, Not(HasSubstr("failed: rank 0"))) << r.output;
+  }
+}
+
+// SIGSTOP rank 1: rank 0 (here: at once) gives up waiting for it, as a collective's timeout would.
+// The launcher blamed rank 0 alone; it must point at the stopped rank.
+TEST(Launcher, StoppedRankIsNamedWhenAnotherFails) {
+  TempDir dir;
+  const std::string script =
+      "if [ $RANK = 1 ]; then echo $$ > " + dir.path() + "/one.tmp; mv " + dir.path() + "/one.tmp " +
+      dir.path() + "/one; kill -STOP $$; exit 0; fi; "
+      "while [ ! -e " + dir.path() + "/one ]; do sleep 0.01; done; "
+      "while [ \"$(cut -d' ' -f3 /proc/$(cat " + dir.path() + "/one)/stat)\" != T ]; do sleep 0.01; done; "
+      "echo 'all_reduce timed out' >&2; exit 1";
+  Launch r = launch(dir, {"run", "--nproc-per-node", "2", "--grace-period", "1", "--", "sh", "-c", script});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_THAT(r.output, HasSubstr("rank 0 (node 0, local rank 0, pid "));
+  EXPECT_THAT(r.output, HasSubstr("rank 1 (local rank 1, pid "));
+  EXPECT_THAT(r.output, HasSubstr(") is stopped by SIGSTOP: a stopped rank never arrives at a collective, so "
+                                  "the others time out waiting for it; look at rank 1 first"));
+}
+
 // Starts a launcher whose workers record their pids, and waits until all of them have.
 class RunningLauncher {
  public:
@@ -259,6 +306,52 @@ TEST(Launcher, LogDirKeepsEachRanksOutputPerAttempt) {
   EXPECT_EQ(testing::read_text(logs + "/attempt_1/rank_1.stderr"), "err 1\n");
 }
 
+// --log-dir on a full disk: the rank files were cut short without a word. Run in a private mount
+// namespace with a 16 KiB tmpfs as the log directory.
+TEST(Launcher, LogDirOnAFullDiskIsReportedNamingTheFile) {
+  if (::geteuid() != 0 || testing::run_command("command -v unshare").exit_code != 0)
+    GTEST_SKIP() << "needs root and unshare(1) to mount a small tmpfs in a private mount namespace";
+  TempDir dir;
+  const std::string logs = dir / "logs";
+  std::filesystem::create_directories(logs);
+  const std::string command = "unshare -m sh -c 'mount -t tmpfs -o size=16k none " + logs + " && exec " +
+                              LOCKSTEP_CLI + " run --log-dir " + logs +
+                              " -- sh -c \"i=0; while [ \\$i -lt 2000 ]; do echo line \\$i of some length; "
+                              "i=\\$((i + 1)); done\"'";
+  auto r = testing::run_command(command);
+  EXPECT_EQ(r.exit_code, 0) << r.output.substr(0, 2000);
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("lockstep run: cannot write " + logs +
+                                                 "/attempt_0/rank_0.stdout: No space left on device \\(errno 28\\); "
+                                                 "the file holds only the first [0-9]+ bytes of this output"));
+  EXPECT_THAT(r.output, HasSubstr("[rank 0] line 1999 of some length"));  // the console has it all
+}
+
+// CLI11 reads '[a b]' and '[1,2]' as lists and splits them; after "--" nothing may be rewritten.
+TEST(Launcher, ProgramArgumentsReachTheWorkerByteForByte) {
+  TempDir dir;
+  const std::vector<std::string> given{"[a b]", "[1,2]", "", "'single'", "\"double\"", "a,b",
+                                       "  spaced  ", "{}", "[", "]", "--", "--nproc-per-node", "-h",
+                                       "run", "tab\there", "ünï"};
+  std::vector<std::string> args{"run", "--", "sh", "-c", "for a in \"$@\"; do printf '<%s>\\n' \"$a\"; done",
+                                "sh"};
+  args.insert(args.end(), given.begin(), given.end());
+  Launch r = launch(dir, args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> seen;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("[rank 0] <", 0) == 0) seen.push_back(line.substr(10, line.size() - 11));
+  EXPECT_EQ(seen, given) << r.output;
+
+  // The program itself may look like a list, as a shell test does.
+  r = launch(dir, {"run", "--", "sh", "-c", "[ \"$RANK\" -ge 0 ]"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // "--" belongs to `lockstep run` only.
+  r = launch(dir, {"train", "--", "x"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("are for `lockstep run -- PROGRAM [ARGS...]`"));
+}
+
 TEST(Launcher, RejectsBadCommandLinesNamingTheValue) {
   TempDir dir;
   Launch r = launch(dir, {"run", "--nproc-per-node", "0", "--", "true"});
@@ -277,6 +370,52 @@ TEST(Launcher, RejectsBadCommandLinesNamingTheValue) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("--nnodes is 2"));
 }
+
+// Out-of-range durations and counts are refused before any worker starts, naming the flag, the
+// value as given and the allowed range. See Note [Launcher bounds].
+struct BadBound {
+  std::vector<std::string> flags;
+  std::string expected;  // the start of the message
+};
+
+void PrintTo(const BadBound& b, std::ostream* os) {
+  for (const std::string& f : b.flags) *os << f << " ";
+}
+
+class LauncherRefusesOutOfRange : public ::testing::TestWithParam<BadBound> {};
+
+TEST_P(LauncherRefusesOutOfRange, BeforeStartingAnythingNamingValueAndRange) {
+  TempDir dir;
+  std::vector<std::string> args{"run"};
+  args.insert(args.end(), GetParam().flags.begin(), GetParam().flags.end());
+  for (const char* word : {"--", "touch"}) args.push_back(word);
+  args.push_back(dir / "started");
+  Launch r = launch(dir, args, seconds(10));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_LT(r.seconds, 5.0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(GetParam().expected)) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "started"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Launcher, LauncherRefusesOutOfRange,
+    ::testing::Values(
+        // 0.0005 s is 0 ms, which c10d reads as "no timeout": it waited forever.
+        BadBound{{"--rdzv-timeout", "0.0005"},
+                 "--rdzv-timeout 0.0005 is out of range: it must be a number of seconds in [0.001, 604800]"},
+        BadBound{{"--rdzv-timeout", "inf"}, "--rdzv-timeout inf is out of range"},
+        BadBound{{"--rdzv-timeout", "1e300"}, "--rdzv-timeout 1e+300 is out of range"},
+        BadBound{{"--rdzv-timeout", "nan"}, "--rdzv-timeout nan is out of range"},
+        // inf seconds overflowed to a negative grace period: workers were SIGKILLed at once.
+        BadBound{{"--grace-period", "inf"},
+                 "--grace-period inf is out of range: it must be a number of seconds in [0, 604800]"},
+        BadBound{{"--grace-period", "-1"}, "--grace-period -1 is out of range"},
+        // Every worker's environment was built before the first fork, until the OOM killer came.
+        BadBound{{"--nproc-per-node", "99999999999"},
+                 "--nproc-per-node 99999999999 is out of range: it must be in [1, 1024]; start one "
+                 "worker per device or core"},
+        BadBound{{"--max-restarts", "99999999999"}, "--max-restarts 99999999999 is out of range"},
+        BadBound{{"--nnodes", "99999999999"}, "--nnodes 99999999999 is out of range"}));
 
 TEST(Launcher, RendezvousTimeoutSaysHowManyNodesArrived) {
   TempDir dir;

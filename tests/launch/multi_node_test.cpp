@@ -17,6 +17,7 @@ using testing::ChildProcess;
 using testing::TempDir;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Every rank adds rank + 1 with Gloo over the workers' MASTER_ADDR/MASTER_PORT: proof that the
 // variables describe a working group and that the launchers' own store does not take the port.
@@ -124,6 +125,88 @@ TEST(MultiNode, FailureOnOneNodeStopsTheOther) {
       [&] { return std::none_of(pids.begin(), pids.end(), testing::process_alive); }, seconds(2)));
 }
 
+// Rank 1 (node 1) fails; rank 0 (node 0) fails after node 1's launcher has reported it. Node 0
+// ended with "failed: rank 0 ...", its own, later failure; the first failure is rank 1's.
+TEST(MultiNode, BothNodesNameTheFirstFailureOfTheJob) {
+  TempDir dir;
+  const int port = testing::free_port_pair();
+  ASSERT_NE(port, 0);
+  const std::string script = "echo $$ > " + dir.path() + "/pid.$RANK; "
+                             "if [ $RANK = 1 ]; then "
+                             "  while [ ! -e " + dir.path() + "/pid.0 ]; do sleep 0.01; done; exit 7; "
+                             "fi; "
+                             "until grep -q 'rank 1 (node 1' " + dir.path() + "/node1.out; do sleep 0.01; done; "
+                             "exit 5";
+  auto nodes = run_nodes(dir, {{}, {}},
+                         {"--master-port", std::to_string(port), "--rdzv-timeout", "20", "--grace-period", "1",
+                          "--", "sh", "-c", script});
+  for (int n = 0; n < 2; ++n) {
+    EXPECT_EQ(nodes[n].exit_code, 1) << nodes[n].output;
+    EXPECT_THAT(nodes[n].output, HasSubstr("lockstep run: failed: rank 1 (node 1, local rank 0, pid "))
+        << "node " << n << ":\n" << nodes[n].output;
+    EXPECT_THAT(nodes[n].output, Not(HasSubstr("failed: rank 0"))) << nodes[n].output;
+  }
+}
+
+// Node 0 with --nnodes 2, node 1 with --nnodes 3: node 1 waited for a third node until its
+// rendezvous timeout while node 0 started workers into a group that never formed (~300 s).
+// See Note [Nodes agree on the job]. Both orders of arrival are tried.
+TEST(MultiNode, NodesThatDisagreeOnNnodesBothFailAtOnceNamingBothValues) {
+  for (int first : {0, 1}) {
+    TempDir dir;
+    const int port = testing::free_port_pair();
+    ASSERT_NE(port, 0);
+    auto node = [&](int rank, int nnodes) {
+      return std::make_unique<ChildProcess>(
+          std::vector<std::string>{LOCKSTEP_CLI, "run", "--nnodes", std::to_string(nnodes), "--node-rank",
+                                   std::to_string(rank), "--master-port", std::to_string(port),
+                                   "--rdzv-timeout", "60", "--", "touch", dir / ("started." + std::to_string(rank))},
+          dir / ("node" + std::to_string(rank) + ".out"));
+    };
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_ptr<ChildProcess> a = first == 0 ? node(0, 2) : node(1, 3);
+    std::unique_ptr<ChildProcess> b = first == 0 ? node(1, 3) : node(0, 2);
+    const std::optional<int> code_a = a->wait_for(seconds(20));
+    const std::optional<int> code_b = b->wait_for(seconds(20));
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 15.0);
+    for (int rank : {0, 1}) {
+      const std::string out = testing::read_text(dir / ("node" + std::to_string(rank) + ".out"));
+      EXPECT_EQ((rank == first ? code_a : code_b).value_or(-1), 1) << "node " << rank << ":\n" << out;
+      EXPECT_THAT(out, HasSubstr("nodes disagree on the job: node "));
+      EXPECT_THAT(out, HasSubstr("--nnodes 3")) << out;
+      EXPECT_THAT(out, HasSubstr("--nnodes 2")) << out;
+      EXPECT_THAT(out, HasSubstr("start every node with the same --nnodes")) << out;
+      EXPECT_FALSE(std::filesystem::exists(dir / ("started." + std::to_string(rank))));
+    }
+  }
+}
+
+// `-- sh -c 'a b'` on one host and `-- sh -c a b` on another: a quoting slip made the nodes run
+// different programs in one group.
+TEST(MultiNode, NodesWhoseProgramsDifferInWordCountBothFailNamingBothCounts) {
+  TempDir dir;
+  const int port = testing::free_port_pair();
+  ASSERT_NE(port, 0);
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    std::vector<std::string> argv{LOCKSTEP_CLI, "run", "--nnodes", "2", "--node-rank", std::to_string(n),
+                                  "--master-port", std::to_string(port), "--rdzv-timeout", "60", "--",
+                                  "touch", dir / ("started." + std::to_string(n))};
+    if (n == 1) argv.push_back(dir / "extra");
+    nodes.push_back(std::make_unique<ChildProcess>(argv, dir / ("node" + std::to_string(n) + ".out")));
+  }
+  for (int n = 0; n < 2; ++n) {
+    const std::optional<int> code = nodes[n]->wait_for(seconds(15));
+    const std::string out = testing::read_text(dir / ("node" + std::to_string(n) + ".out"));
+    EXPECT_EQ(code.value_or(-1), 1) << out;
+    EXPECT_THAT(out, HasSubstr("nodes disagree on the job: node "));
+    EXPECT_THAT(out, ::testing::ContainsRegex("runs a program of [23] words \\(PROGRAM and its arguments\\) "
+                                              "but node [01] one of [23]; give every node the same PROGRAM"))
+        << out;
+    EXPECT_FALSE(std::filesystem::exists(dir / ("started." + std::to_string(n))));
+  }
+}
+
 TEST(MultiNode, RestartAfterAFailureRestartsEveryNode) {
   TempDir dir;
   const int port = testing::free_port_pair();
@@ -224,6 +307,55 @@ TEST(MultiNode, TwoNetworkNamespacesJoinedByVethFormOneJob) {
     EXPECT_EQ(lines[r].substr(0, expected.size()), expected);
     if (!python.empty()) EXPECT_THAT(lines[r], ::testing::EndsWith("sum 10"));
   }
+}
+
+// Node 1's launcher is SIGKILLed mid-run (its workers die with it); node 0's workers would wait in
+// their next collective until its timeout. Node 0 must stop them within --heartbeat-timeout + 5 s.
+// See Note [Launcher heartbeats].
+void node_killed_mid_run(const std::vector<std::vector<std::string>>& prefixes, const std::string& master,
+                         const std::vector<std::vector<std::string>>& env) {
+  TempDir dir;
+  const int port = master == "127.0.0.1" ? testing::free_port_pair() : 29500;
+  ASSERT_NE(port, 0);
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    std::vector<std::string> argv = prefixes[n];
+    argv.insert(argv.end(), {LOCKSTEP_CLI, "run", "--nnodes", "2", "--node-rank", std::to_string(n), "--master-addr",
+                             master, "--master-port", std::to_string(port), "--rdzv-timeout", "20",
+                             "--heartbeat-timeout", "2", "--grace-period", "1", "--", "sh", "-c",
+                             "echo $$ > " + dir.path() + "/pid.$RANK; exec sleep 60"});
+    nodes.push_back(std::make_unique<ChildProcess>(argv, dir / ("node" + std::to_string(n) + ".out"), env[n]));
+  }
+  auto worker_pid = [&](int rank) {
+    const std::string text = testing::read_text(dir / ("pid." + std::to_string(rank)));
+    return text.empty() ? pid_t{0} : static_cast<pid_t>(std::stol(text));
+  };
+  ASSERT_TRUE(testing::wait_until([&] { return worker_pid(0) != 0 && worker_pid(1) != 0; }, seconds(20)))
+      << testing::read_text(dir / "node0.out") << testing::read_text(dir / "node1.out");
+  const pid_t survivor = worker_pid(0);
+  ASSERT_EQ(::kill(nodes[1]->pid(), SIGKILL), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  const std::optional<int> code = nodes[0]->wait_for(seconds(2 + 5));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  const std::string out = testing::read_text(dir / "node0.out");
+  ASSERT_TRUE(code.has_value()) << "node 0 still runs " << took << " s after node 1's launcher died\n" << out;
+  EXPECT_EQ(*code, 1) << out;
+  EXPECT_GE(took, 1.5) << out;  // not before the heartbeat timeout
+  EXPECT_THAT(out, HasSubstr("node 1's launcher sent no heartbeat for 2 s (--heartbeat-timeout): it was killed, "
+                             "hangs or is cut off; stopping 1 local worker"));
+  EXPECT_THAT(out, HasSubstr("lockstep run: failed: node 1's launcher sent no heartbeat"));
+  EXPECT_TRUE(testing::wait_until([&] { return !testing::process_alive(survivor); }, seconds(2)));
+}
+
+TEST(MultiNode, NodeWhoseLauncherIsKilledIsDeclaredFailedByHeartbeat) {
+  node_killed_mid_run({{}, {}}, "127.0.0.1", {{}, {}});
+}
+
+TEST(MultiNode, HeartbeatAcrossTwoNetworkNamespaces) {
+  if (const std::string why = namespaces_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  NamespacePair ns;
+  if (!ns.error().empty()) GTEST_SKIP() << "cannot create network namespaces here: " << ns.error();
+  node_killed_mid_run({ns.exec(0), ns.exec(1)}, NamespacePair::kAddresses[0], {{}, {}});
 }
 
 }  // namespace

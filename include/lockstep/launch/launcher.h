@@ -27,6 +27,9 @@ struct LaunchOptions {
   TORCH_ARG(int64_t, max_restarts) = 0;     // restarts of the whole group after a failure
   TORCH_ARG(std::string, log_dir) = "";     // also write DIR/attempt_K/rank_N.{stdout,stderr}
   TORCH_ARG(double, grace_period) = 5.0;    // seconds between SIGTERM and SIGKILL when stopping
+  // Seconds another node's launcher may stay silent before its node is declared failed.
+  // See Note [Launcher heartbeats].
+  TORCH_ARG(double, heartbeat_timeout) = 30.0;
 
  public:
   // Throws c10::ValueError naming the first invalid value and what is allowed.

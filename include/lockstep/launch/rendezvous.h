@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace c10d {
 class TCPStore;
@@ -26,6 +28,8 @@ struct RendezvousOptions {
   TORCH_ARG(std::string, master_addr) = "127.0.0.1";
   // The workers' MASTER_PORT; the launchers use master_port + kRendezvousPortOffset.
   TORCH_ARG(int, master_port) = 29500;
+  // Words of PROGRAM [ARGS...]; every node must run the same count. See Note [Nodes agree on the job].
+  TORCH_ARG(int64_t, program_argc) = 0;
   // How long join() waits for every node, and how long a node waits to reach node 0.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(300);
 };
@@ -53,13 +57,20 @@ class Rendezvous {
   Rendezvous& operator=(const Rendezvous&) = delete;
 
   // Blocks until every node has joined `round`, then assigns global ranks in node-rank order.
-  // On timeout throws c10::Error saying how many of how many nodes arrived, and which.
+  // On timeout throws c10::Error saying how many of how many nodes arrived, and which; when nodes
+  // disagree on --nnodes or on the program's word count, every node throws at once naming both.
   NodeAssignment join(int64_t round, int64_t nproc_per_node);
 
-  // Tells every node that `round` failed; the first report of a round is kept.
-  void report_failure(int64_t round, const std::string& what);
+  // Tells every node that `round` failed; the first report of a round is kept. Returns that first
+  // report: `what`, or an earlier failure on another node (also `what` when the store is gone).
+  std::string report_failure(int64_t round, const std::string& what);
   // The failure some node reported for `round`, if any.
   std::optional<std::string> failure(int64_t round);
+
+  // Tells the other nodes that this node's launcher is alive. See Note [Launcher heartbeats].
+  void beat(int64_t round);
+  // A node whose heartbeat has not moved for `timeout`, as seen from here; nullopt if none.
+  std::optional<int64_t> silent_node(int64_t round, std::chrono::milliseconds timeout);
 
   void report_done(int64_t round);
   bool all_done(int64_t round);
@@ -72,9 +83,16 @@ class Rendezvous {
 
  private:
   std::string endpoint() const;  // "HOST:PORT" of the launchers' store
+  // Fails `round` for every node with `why`, and throws it. See Note [Nodes agree on the job].
+  [[noreturn]] void abort(int64_t round, const std::string& why);
 
   RendezvousOptions options_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
+  // Per node: the last heartbeat count seen and when it last changed, for round beats_round_.
+  int64_t beats_round_ = -1;
+  std::vector<int64_t> last_beat_;
+  std::vector<std::chrono::steady_clock::time_point> last_change_;
+  std::set<int64_t> silent_;  // nodes declared failed by their silence
 };
 
 // A TCP port that was free on this host a moment ago (bound to port 0 and released).

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/launch/unique_fd.h"
+
 namespace lockstep::launch {
 
 // One worker to start: who it is and its complete environment.
@@ -29,6 +31,14 @@ struct WorkerExit {
   bool ok() const { return signal == 0 && exit_code == 0; }
   // "exited with code 3" or "was killed by SIGSEGV".
   std::string describe() const;
+};
+
+// A worker stopped by a signal (SIGSTOP, SIGTSTP, ...): alive, but it arrives at no collective.
+struct StoppedWorker {
+  int64_t rank = 0;
+  int64_t local_rank = 0;
+  pid_t pid = 0;
+  int signal = 0;
 };
 
 // "SIGTERM" for SIGTERM; "signal 42" for numbers without a name.
@@ -57,7 +67,7 @@ class WorkerGroup {
 
   // Forwards available output and reaps exited workers, waiting at most `max_wait` (or until
   // `wake_fd` becomes readable, when given). Returns the first worker found to have failed (non-zero
-  // exit or signal) during this call.
+  // exit or signal) during this call; when several failed, the one that exited first.
   std::optional<WorkerExit> poll(std::chrono::milliseconds max_wait, int wake_fd = -1);
 
   bool all_exited() const;
@@ -68,6 +78,9 @@ class WorkerGroup {
   // period, then SIGKILLs every worker's process group (also the finished ones, for stray children),
   // reaps the workers and forwards their last output. Idempotent.
   void stop(int signal);
+
+  // The workers stopped by a signal as of the last poll.
+  std::vector<StoppedWorker> stopped() const;
 
   // The last lines the worker with this local rank wrote to stderr.
   std::vector<std::string> stderr_tail(int64_t local_rank) const;
@@ -80,6 +93,7 @@ class WorkerGroup {
   void pump(std::chrono::milliseconds max_wait, int wake_fd);
 
   std::vector<std::unique_ptr<Worker>> workers_;
+  UniqueFd exits_;  // epoll set of the workers' pidfds; see Note [Which worker failed first]
   std::chrono::milliseconds grace_period_;
   bool stopped_ = false;
 };
