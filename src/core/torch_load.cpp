@@ -1,224 +1,328 @@
 #include "lockstep/core/torch_load.h"
 
-#include <caffe2/serialize/in_memory_adapter.h>
+#include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/csrc/jit/serialization/unpickler.h>
+#include <torch/serialize.h>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
-
-// Note [Reading Python's pickles]
-// LibTorch 1.13's unpickler (torch::pickle_load) knows only the opcodes its own pickler emits.
-// Python's pickler (protocol 2, torch.save's default) also writes:
-//   SETITEM  for a dict of one entry (Python's SGD state {"momentum_buffer": t}),
-//   APPEND   for a list of one element (a single param group),
-//   collections.OrderedDict() + BUILD({"_metadata": ...}) for model.state_dict(); LibTorch turns
-//            the OrderedDict into None and then fails to add items to it.
-// So data.pkl is rewritten before unpickling, to the same value in opcodes LibTorch reads:
-//   SETITEM -> MARK inserted before the key, SETITEMS;  APPEND -> MARK before the value, APPENDS;
-//   OrderedDict() (GLOBAL or GET of it, EMPTY_TUPLE, REDUCE) -> EMPTY_DICT;
-//   BUILD on such a dict -> removed with the state it applies (the _metadata dict, which only
-//   versions modules' load hooks). LibTorch has no POP either, hence the removal.
-// Where a key or value starts is found by following the pickle's stack symbolically: each stack
-// entry remembers the byte where it began to be built; the memo (PUT/GET) carries the OrderedDict
-// marks to later references. Tensors' backward-hook OrderedDicts become {} and are ignored, as None was.
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
 
 namespace lockstep {
 namespace {
 
-struct Item {
-  size_t start = 0;               // first byte of the opcodes that build this entry
-  bool ordered_dict_class = false;  // collections.OrderedDict itself
-  bool ordered_dict = false;        // an instance made by calling it
-};
-
-class PickleRewriter {
+// Note [OrderedDict in LibTorch's unpickler]
+// Python's model.state_dict() is a collections.OrderedDict carrying a `_metadata` attribute (each
+// module's serialization version). torch.save pickles it (protocol 2) as
+//   GLOBAL 'collections OrderedDict', EMPTY_TUPLE, REDUCE, MARK, key, tensor, ..., SETITEMS,
+//   {'_metadata': OrderedDict(...)}, BUILD
+// LibTorch 1.13's unpickler expects OrderedDict only as a tensor's (ignored) backward hooks: every
+// OrderedDict() becomes None, so the SETITEMS that follows fails ("Expected GenericDict but got
+// None"). It runs BUILD like REDUCE (the dict taken for a function) and knows neither POP,
+// SETITEM nor APPEND. So before unpickling, the opcodes are rewritten:
+//   the OrderedDict class (its GLOBAL, and BINPUT/BINGET of it)  ->  nothing
+//   OrderedDict() (EMPTY_TUPLE, REDUCE)                          ->  EMPTY_DICT
+//   STATE BUILD on such a dict (the _metadata attribute)         ->  nothing
+//   KEY VALUE SETITEM (a dict of one entry)                      ->  MARK KEY VALUE SETITEMS
+//   VALUE APPEND (a list of one element)                         ->  MARK VALUE APPENDS
+// A dict keeps insertion order as OrderedDict does; the module versions in _metadata are not
+// needed (lockstep's modules have one layout each). A stream that uses the class any other way,
+// that later refers to a dropped value, or that the walker does not follow, is passed on
+// untouched for the unpickler to judge.
+class OrderedDictRewriter {
  public:
-  PickleRewriter(const std::string& in, const std::string& source) : in_(in), source_(source) {}
+  explicit OrderedDictRewriter(std::vector<char> bytes) : in_(std::move(bytes)) {}
 
-  std::string run() {
-    while (true) {
-      const size_t pos = at_;
-      const unsigned char op = byte();
-      if (op == '.') break;  // STOP
-      step(op, pos);
-    }
-    std::string out;
-    out.reserve(in_.size() + inserts_.size());
-    for (size_t i = 0; i < in_.size();) {
-      auto ins = inserts_.find(i);
-      if (ins != inserts_.end()) out += ins->second;
-      auto rep = replacements_.find(i);
-      if (rep != replacements_.end()) {
-        out += rep->second.second;
-        i = rep->second.first;
-      } else {
-        out += in_[i++];
+  // The rewritten pickle, or the original bytes when they are not a pickle this walker follows.
+  // Throws c10::Error naming the offset of the first opcode that is malformed.
+  std::vector<char> run() && {
+    const std::optional<size_t> bad = walk();
+    TORCH_CHECK(!bad, "its pickle (data.pkl) is malformed at byte ", bad.value_or(0), " of ", in_.size(),
+                bad.value_or(0) < in_.size() ? c10::str(" (opcode 0x", std::hex,
+                                                        int(static_cast<unsigned char>(in_[bad.value_or(0)])), ")")
+                                             : std::string(" (no STOP opcode)"));
+    if (!changed_) return std::move(in_);
+    std::vector<char> out;
+    out.reserve(in_.size() + 64);
+    for (const auto& [at, size] : ops_) {
+      if (drop_.count(at) || dropped(at)) continue;
+      if (mark_before_.count(at)) out.push_back('(');
+      if (const auto r = replace_.find(at); r != replace_.end()) {
+        out.push_back(r->second);
+        continue;
       }
+      out.insert(out.end(), in_.begin() + static_cast<std::ptrdiff_t>(at),
+                 in_.begin() + static_cast<std::ptrdiff_t>(at + size));
     }
     return out;
   }
 
  private:
-  unsigned char byte() {
-    TORCH_CHECK(at_ < in_.size(), source_, ": the pickle ends early (no STOP opcode)");
-    return static_cast<unsigned char>(in_[at_++]);
-  }
-  uint32_t little_endian(int n) {
-    uint32_t v = 0;
-    for (int i = 0; i < n; ++i) v |= static_cast<uint32_t>(byte()) << (8 * i);
-    return v;
-  }
-  std::string line() {
-    const size_t end = in_.find('\n', at_);
-    TORCH_CHECK(end != std::string::npos, source_, ": the pickle ends inside a text argument");
-    std::string s = in_.substr(at_, end - at_);
-    at_ = end + 1;
-    return s;
-  }
-  void skip(size_t n) {
-    TORCH_CHECK(at_ + n <= in_.size(), source_, ": the pickle ends inside an argument");
-    at_ += n;
-  }
-  Item pop() {
-    TORCH_CHECK(!stack_.empty() && (marks_.empty() || stack_.size() > marks_.back().first), source_,
-                ": malformed pickle (pop from an empty stack at byte ", at_, ")");
-    Item item = stack_.back();
-    stack_.pop_back();
-    return item;
-  }
-  size_t pop_to_mark() {
-    TORCH_CHECK(!marks_.empty(), source_, ": malformed pickle (no MARK at byte ", at_, ")");
-    const auto [size, mark_pos] = marks_.back();
-    marks_.pop_back();
-    stack_.resize(size);
-    return mark_pos;
-  }
-  // Bytes [begin, end) become `text`; earlier edits inside them go.
-  void replace(size_t begin, size_t end, std::string text) {
-    inserts_.erase(inserts_.upper_bound(begin), inserts_.lower_bound(end));
-    replacements_.erase(replacements_.lower_bound(begin), replacements_.lower_bound(end));
-    replacements_[begin] = {end, std::move(text)};
-  }
-  void push(size_t start) { stack_.push_back(Item{start}); }
-  void memo_get(const std::string& index, size_t pos) {
-    auto it = memo_.find(index);
-    Item item = it == memo_.end() ? Item{} : it->second;
-    item.start = pos;
-    stack_.push_back(item);
+  enum class Tag { kMark, kOther, kOrderedDictClass, kOrderedDict };
+  struct Entry {
+    Tag tag;
+    size_t start;  // offset of the first opcode that built this value
+  };
+  struct Memo {
+    Tag tag;
+    size_t defined_at;  // offset of the BINPUT
+  };
+
+  bool dropped(size_t at) const {
+    return std::any_of(dropped_ranges_.begin(), dropped_ranges_.end(),
+                       [at](const auto& r) { return at >= r.first && at <= r.second; });
   }
 
-  void step(unsigned char op, size_t pos) {
+  // The offset of the first opcode that is malformed or not one a state dict is written with; the
+  // end of the stream when it has no STOP; nullopt when the whole stream is sound.
+  std::optional<size_t> walk() {
+    size_t pos = 0;
+    while (pos < in_.size()) {
+      const size_t at = pos;
+      const auto op = static_cast<unsigned char>(in_[pos++]);
+      if (!step(op, at, pos)) return at;
+      ops_.emplace_back(at, pos - at);
+      if (op == '.') return std::nullopt;
+    }
+    return in_.size();
+  }
+
+  // Follows one opcode; false when it is malformed here (LibTorch's unpickler trusts the stream:
+  // a REDUCE on an empty stack or an odd SETITEMS crashes it) or uses the OrderedDict class in a
+  // way this rewrite does not follow.
+  bool step(unsigned char op, size_t at, size_t& pos) {
+    const Entry other{Tag::kOther, at};
     switch (op) {
-      case 0x80: skip(1); break;                                         // PROTO
-      case '(': marks_.emplace_back(stack_.size(), pos); break;          // MARK
-      case '0': pop(); break;                                            // POP
-      case '1': pop_to_mark(); break;                                    // POP_MARK
-      case '2': stack_.push_back(Item{pos}); break;                      // DUP
-      case 'N': case 0x88: case 0x89: case ')': case ']': case '}': push(pos); break;
-      case 'I': case 'L': case 'F': case 'S': case 'V': case 'P': line(); push(pos); break;
-      case 'g': memo_get(line(), pos); break;                            // GET
-      case 'h': memo_get(std::to_string(little_endian(1)), pos); break;  // BINGET
-      case 'j': memo_get(std::to_string(little_endian(4)), pos); break;  // LONG_BINGET
-      case 'p': memo_[line()] = stack_.back(); break;                    // PUT
-      case 'q': memo_[std::to_string(little_endian(1))] = stack_.back(); break;
-      case 'r': memo_[std::to_string(little_endian(4))] = stack_.back(); break;
-      case 'c': {                                                        // GLOBAL
-        const std::string module = line(), name = line();
-        Item item{pos};
-        item.ordered_dict_class = module == "collections" && name == "OrderedDict";
-        stack_.push_back(item);
-        break;
+      case '.':  // STOP
+        return stack_.size() == 1 && stack_.back().tag != Tag::kOrderedDictClass &&
+               stack_.back().tag != Tag::kMark;
+      case '(':
+        stack_.push_back({Tag::kMark, at});
+        return true;
+      case ')': case 'N': case '}': case ']': case 0x88: case 0x89:
+        stack_.push_back(other);  // EMPTY_TUPLE, NONE, EMPTY_DICT/LIST, NEWTRUE/FALSE
+        return true;
+      case 0x80:  // PROTO
+        return skip(pos, 1);
+      case 'K': case 'M': case 'J': case 'G':  // BININT1, BININT2, BININT, BINFLOAT
+        stack_.push_back(other);
+        return skip(pos, op == 'K' ? 1 : op == 'M' ? 2 : op == 'J' ? 4 : 8);
+      case 'U': case 'C': case 0x8a: case 0x8c:  // 1-byte length: strings, bytes, LONG1
+      case 'T': case 'B': case 'X': case 0x8b:   // 4-byte length
+      case 0x8d: case 0x8e: {                    // 8-byte length
+        const size_t width = (op == 'U' || op == 'C' || op == 0x8a || op == 0x8c) ? 1
+                             : (op == 0x8d || op == 0x8e)                         ? 8
+                                                                                   : 4;
+        uint64_t length = 0;
+        stack_.push_back(other);
+        return little_endian(pos, width, length) && skip(pos, length);
       }
-      case 'J': skip(4); push(pos); break;
-      case 'K': skip(1); push(pos); break;
-      case 'M': skip(2); push(pos); break;
-      case 'G': skip(8); push(pos); break;
-      case 'T': case 'X': case 'B': skip(little_endian(4)); push(pos); break;
-      case 'U': case 'C': case 0x8c: skip(little_endian(1)); push(pos); break;
-      case 0x8a: skip(little_endian(1)); push(pos); break;              // LONG1
-      case 0x8b: skip(little_endian(4)); push(pos); break;              // LONG4
-      case 't': case 'l': case 'd': push(pop_to_mark()); break;         // TUPLE, LIST, DICT
-      case 0x85: { const Item a = pop(); push(a.start); break; }       // TUPLE1
-      case 0x86: { pop(); const Item a = pop(); push(a.start); break; }
-      case 0x87: { pop(); pop(); const Item a = pop(); push(a.start); break; }
-      case 'Q': { const Item a = pop(); push(a.start); break; }        // BINPERSID
-      case 0x81: { pop(); const Item cls = pop(); push(cls.start); break; }  // NEWOBJ
-      case 'R': {                                                        // REDUCE
-        const Item args = pop();
-        const Item callable = pop();
-        Item result{callable.start};
-        if (callable.ordered_dict_class) {
-          TORCH_CHECK(args.start + 1 == pos && in_[args.start] == ')', source_,
-                      ": an OrderedDict built from arguments at byte ", pos, " (Python's pickler writes none)");
-          replace(callable.start, pos + 1, "}");
-          result.ordered_dict = true;
+      case 'c': {  // GLOBAL module\nname\n
+        std::string module, name;
+        if (!text_line(pos, module) || !text_line(pos, name)) return false;
+        if (module == "collections" && name == "OrderedDict") {
+          stack_.push_back({Tag::kOrderedDictClass, at});
+          drop_.insert(at);
+        } else {
+          stack_.push_back(other);
         }
-        stack_.push_back(result);
-        break;
+        return true;
       }
-      case 'b': {                                                        // BUILD
-        const Item state = pop();
-        TORCH_CHECK(!stack_.empty(), source_, ": malformed pickle (BUILD without an object)");
-        if (stack_.back().ordered_dict) replace(state.start, pos + 1, "");
-        break;
+      case 'h': case 'j': {  // BINGET, LONG_BINGET
+        uint64_t slot = 0;
+        if (!little_endian(pos, op == 'h' ? 1 : 4, slot)) return false;
+        const auto it = memo_.find(slot);
+        if (it == memo_.end() || dropped(it->second.defined_at)) return false;
+        stack_.push_back({it->second.tag, at});
+        if (it->second.tag == Tag::kOrderedDictClass) drop_.insert(at);
+        return true;
       }
-      case 'a': {                                                        // APPEND
-        const Item value = pop();
-        inserts_[value.start] += "(";
-        replace(pos, pos + 1, "e");
-        break;
+      case 'q': case 'r': {  // BINPUT, LONG_BINPUT
+        uint64_t slot = 0;
+        if (!little_endian(pos, op == 'q' ? 1 : 4, slot) || stack_.empty() || stack_.back().tag == Tag::kMark)
+          return false;
+        memo_[slot] = {stack_.back().tag, at};
+        if (stack_.back().tag == Tag::kOrderedDictClass) drop_.insert(at);
+        return true;
       }
-      case 's': {                                                        // SETITEM
-        pop();
-        const Item key = pop();
-        inserts_[key.start] += "(";
-        replace(pos, pos + 1, "u");
-        break;
+      case 'Q':  // BINPERSID
+        return reduce_to_one(1, at);
+      case 'R': {  // REDUCE: callable, args -> result
+        if (stack_.size() < 2) return false;
+        const Entry callable = stack_[stack_.size() - 2];
+        const Entry args = stack_.back();
+        if (callable.tag != Tag::kOrderedDictClass) return reduce_to_one(2, at);
+        // Only OrderedDict() with no arguments, as pickle writes it, becomes a dict.
+        if (ops_.empty() || ops_.back().first != args.start || in_[args.start] != ')') return false;
+        replace_[args.start] = '}';
+        drop_.insert(at);
+        stack_.resize(stack_.size() - 2);
+        stack_.push_back({Tag::kOrderedDict, callable.start});
+        changed_ = true;
+        return true;
       }
-      case 'e': case 'u': pop_to_mark(); break;                          // APPENDS, SETITEMS
+      case 'b': {  // BUILD: object, state -> object
+        if (stack_.size() < 2 || stack_.back().tag == Tag::kMark) return false;
+        const Entry state = stack_.back();
+        stack_.pop_back();
+        if (stack_.back().tag == Tag::kOrderedDict) {
+          dropped_ranges_.emplace_back(state.start, at);
+        } else if (stack_.back().tag != Tag::kOther) {
+          return false;
+        }
+        return true;
+      }
+      case 'a': {  // APPEND
+        if (stack_.size() < 2) return false;
+        mark_before_.insert(stack_.back().start);
+        replace_[at] = 'e';  // APPENDS
+        changed_ = true;
+        return pop(1);
+      }
+      case 's': {  // SETITEM
+        if (stack_.size() < 3) return false;
+        mark_before_.insert(stack_[stack_.size() - 2].start);
+        replace_[at] = 'u';  // SETITEMS
+        changed_ = true;
+        return pop(2);
+      }
+      case 0x81:  // NEWOBJ
+        return reduce_to_one(2, at);
+      case 0x85: case 0x86: case 0x87:  // TUPLE1..3
+        return reduce_to_one(op - 0x84, at);
+      case 'e': case 'u': {  // APPENDS, SETITEMS: into the container below the mark
+        size_t items = 0;
+        if (!pop_to_mark(items) || stack_.empty() || stack_.back().tag == Tag::kMark) return false;
+        return op == 'e' || items % 2 == 0;
+      }
+      case 't': case 'd': case 'l': {  // TUPLE, DICT, LIST
+        size_t items = 0;
+        const std::optional<size_t> mark = pop_to_mark(items);
+        if (!mark || (op == 'd' && items % 2 != 0)) return false;
+        stack_.push_back({Tag::kOther, *mark});
+        return true;
+      }
       default:
-        TORCH_CHECK(false, source_, ": unsupported pickle opcode 0x", std::hex, static_cast<int>(op), std::dec,
-                    " at byte ", pos, " (lockstep reads torch.save's protocol 2)");
+        return false;
     }
   }
 
-  const std::string& in_;
-  const std::string& source_;
-  size_t at_ = 0;
-  std::vector<Item> stack_;
-  std::vector<std::pair<size_t, size_t>> marks_;  // (stack size, byte) of each open MARK
-  std::map<std::string, Item> memo_;
-  std::map<size_t, std::string> inserts_;       // byte -> opcodes to insert before it
-  std::map<size_t, std::pair<size_t, std::string>> replacements_;  // begin -> (end, what replaces the bytes)
+  bool reduce_to_one(size_t n, size_t at) {
+    if (stack_.size() < n) return false;
+    size_t start = at;
+    for (size_t i = 0; i < n; ++i) {
+      const Entry e = stack_.back();
+      if (e.tag == Tag::kMark || e.tag == Tag::kOrderedDictClass) return false;
+      start = std::min(start, e.start);
+      stack_.pop_back();
+    }
+    stack_.push_back({Tag::kOther, start});
+    return true;
+  }
+  bool pop(size_t n) {
+    if (stack_.size() < n) return false;
+    for (size_t i = 0; i < n; ++i) {
+      if (stack_.back().tag == Tag::kMark || stack_.back().tag == Tag::kOrderedDictClass) return false;
+      stack_.pop_back();
+    }
+    return true;
+  }
+  // Pops down to and including the innermost mark; returns the mark's offset.
+  std::optional<size_t> pop_to_mark(size_t& items) {
+    items = 0;
+    while (!stack_.empty() && stack_.back().tag != Tag::kMark) {
+      if (stack_.back().tag == Tag::kOrderedDictClass) return std::nullopt;
+      stack_.pop_back();
+      ++items;
+    }
+    if (stack_.empty()) return std::nullopt;
+    const size_t mark = stack_.back().start;
+    stack_.pop_back();
+    return mark;
+  }
+  bool skip(size_t& pos, uint64_t n) const {
+    if (n > in_.size() - pos) return false;
+    pos += static_cast<size_t>(n);
+    return true;
+  }
+  bool little_endian(size_t& pos, size_t width, uint64_t& value) const {
+    if (width > in_.size() - pos) return false;
+    value = 0;
+    for (size_t i = 0; i < width; ++i) value |= uint64_t{static_cast<unsigned char>(in_[pos + i])} << (8 * i);
+    pos += width;
+    return true;
+  }
+  bool text_line(size_t& pos, std::string& line) const {
+    const auto begin = in_.begin() + static_cast<std::ptrdiff_t>(pos);
+    const auto end = std::find(begin, in_.end(), '\n');
+    if (end == in_.end()) return false;
+    line.assign(begin, end);
+    pos = static_cast<size_t>(end - in_.begin()) + 1;
+    return true;
+  }
+
+  std::vector<char> in_;
+  std::vector<Entry> stack_;
+  std::unordered_map<uint64_t, Memo> memo_;
+  std::vector<std::pair<size_t, size_t>> ops_;  // (offset, size) of every opcode with its argument
+  std::set<size_t> drop_;                       // offsets of opcodes left out
+  std::map<size_t, char> replace_;              // offsets of opcodes replaced by one byte
+  std::set<size_t> mark_before_;                // offsets before which a MARK goes
+  std::vector<std::pair<size_t, size_t>> dropped_ranges_;  // [first, last] opcode offsets left out
+  bool changed_ = false;
+};
+
+// The zip archive's bytes as PyTorchStreamReader reads them, refusing reads past the end.
+class BytesReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BytesReadAdapter(const std::vector<char>& bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<size_t>(n, bytes_.size() - static_cast<size_t>(pos));
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const std::vector<char>& bytes_;
 };
 
 }  // namespace
 
-// See Note [Reading Python's pickles].
-c10::IValue torch_load(const std::vector<char>& bytes, const std::string& source) {
-  try {
-    caffe2::serialize::PyTorchStreamReader reader(
-        std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
-    const auto [data, size] = reader.getRecord("data.pkl");
-    const std::string pickle =
-        PickleRewriter(std::string(static_cast<const char*>(data.get()), size), source).run();
-    size_t offset = 0;
-    torch::jit::Unpickler unpickler(
-        [&](char* buffer, size_t n) {
-          n = std::min(n, pickle.size() - offset);
-          std::memcpy(buffer, pickle.data() + offset, n);
-          offset += n;
-          return n;
-        },
-        /*type_resolver=*/nullptr, /*obj_loader=*/nullptr,
-        [&](const std::string& name) { return std::get<0>(reader.getRecord("data/" + name)); }, c10::nullopt);
-    unpickler.set_version(reader.version());
-    return unpickler.parse_ivalue();
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "cannot read ", source, ": ", e.what_without_backtrace());
-  }
+// The zip archive torch.save writes: ARCHIVE/data.pkl plus one record per storage, ARCHIVE/data/KEY.
+c10::IValue torch_load(const std::vector<char>& bytes) {
+  const bool zip = bytes.size() >= 4 && std::memcmp(bytes.data(), "PK\x03\x04", 4) == 0;
+  if (!zip) return torch::pickle_load(bytes);  // let LibTorch judge (and reject) other formats
+  caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesReadAdapter>(bytes));
+  TORCH_CHECK(reader.hasRecord("data.pkl"), "the zip archive has no data.pkl record, so it is not a file "
+              "torch.save wrote");
+  const auto [pickle_data, pickle_size] = reader.getRecord("data.pkl");
+  const char* p = static_cast<const char*>(pickle_data.get());
+  std::vector<char> pickle = OrderedDictRewriter(std::vector<char>(p, p + pickle_size)).run();
+  size_t offset = 0;
+  torch::jit::Unpickler unpickler(
+      [&](char* out, size_t n) {
+        n = std::min(n, pickle.size() - offset);
+        std::memcpy(out, pickle.data() + offset, n);
+        offset += n;
+        return n;
+      },
+      /*type_resolver=*/nullptr, /*obj_loader=*/nullptr,
+      [&](const std::string& key) {
+        TORCH_CHECK(reader.hasRecord("data/" + key), "the archive has no record data/", key,
+                    " for a tensor its pickle refers to");
+        return std::get<0>(reader.getRecord("data/" + key));
+      },
+      /*device=*/c10::nullopt);
+  return unpickler.parse_ivalue();
 }
 
 }  // namespace lockstep

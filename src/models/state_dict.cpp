@@ -6,7 +6,7 @@
 #include <set>
 
 #include "lockstep/core/atomic_file.h"
-#include "lockstep/models/torch_load.h"
+#include "lockstep/core/torch_load.h"
 
 namespace lockstep::models {
 namespace {

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/torch_load.h"
 
 namespace lockstep::train {
 namespace {
@@ -76,10 +77,13 @@ void save_checkpoint(const Checkpoint& c, const std::string& path) {
 Checkpoint load_checkpoint(const std::string& path) {
   const std::string source = "checkpoint '" + path + "'";
   IValue top_value;
+  const std::vector<char> bytes = read_file(path);  // names the path itself
   try {
-    top_value = torch::pickle_load(read_file(path));
+    top_value = torch_load(bytes);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "cannot read ", source, " (corrupt or not a checkpoint): ", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cannot read ", source, " (corrupt or not a checkpoint): ", e.what());
   }
   const GenericDict top = as_dict(top_value, source);
   const IValue format = entry(top, "format", source);

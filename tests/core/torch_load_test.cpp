@@ -23,7 +23,7 @@ TEST(TorchLoad, ReadsPythonsOrderedDictsAndOneEntryContainers) {
                " torch.save({'model': m.state_dict(), 'one': {'a': 1}, 'list': [torch.arange(3.0)],"
                " 'nested': [shared, shared], 'empty': {}}, sys.argv[1])\" '" + (dir / "py.pt") + "'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const c10::IValue v = torch_load(read_file(dir / "py.pt"), dir / "py.pt");
+  const c10::IValue v = torch_load(read_file(dir / "py.pt"));
   ASSERT_TRUE(v.isGenericDict()) << v.tagKind();
   const auto top = v.toGenericDict();
   const auto model = top.at("model").toGenericDict();
@@ -38,13 +38,12 @@ TEST(TorchLoad, ReadsPythonsOrderedDictsAndOneEntryContainers) {
   EXPECT_EQ(top.at("empty").toGenericDict().size(), 0u);
 }
 
-TEST(TorchLoad, ReadsTorchPickleSaveAndNamesTheSourceOfGarbage) {
+TEST(TorchLoad, ReadsTorchPickleSaveAndRefusesGarbage) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   d.insert("t", torch::ones({2}));
-  const c10::IValue v = torch_load(torch::pickle_save(d), "ours");
+  const c10::IValue v = torch_load(torch::pickle_save(d));
   EXPECT_TRUE(torch::equal(v.toGenericDict().at("t").toTensor(), torch::ones({2})));
-  EXPECT_THAT(testing::error_message([] { torch_load({'n', 'o', 'p', 'e'}, "'x.pt'"); }),
-              ::testing::HasSubstr("cannot read 'x.pt'"));
+  EXPECT_NE(testing::error_message([] { torch_load({'n', 'o', 'p', 'e'}); }), "<no error>");
 }
 
 }  // namespace

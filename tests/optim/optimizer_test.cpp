@@ -55,7 +55,7 @@ c10::impl::GenericDict string_dict() { return c10::impl::GenericDict(c10::String
 
 c10::impl::GenericDict load_dict(const std::string& path) {
   // torch_load, not torch::pickle_load: Python's files hold OrderedDicts and one-entry dicts.
-  const c10::IValue v = torch_load(read_file(path), path);
+  const c10::IValue v = torch_load(read_file(path));
   EXPECT_TRUE(v.isGenericDict()) << path << " holds a " << v.tagKind();
   return v.toGenericDict();
 }

@@ -2,17 +2,16 @@
 
 #include <ATen/core/ivalue.h>
 
-#include <string>
 #include <vector>
 
 namespace lockstep {
 
-// The object in `bytes`, a file written by Python's torch.save (zip format) or by
-// torch::pickle_save: what torch.load returns, as IValues (OrderedDict as a dict).
-// Unlike torch::pickle_load it reads what Python's pickler writes for ordinary containers: a dict
-// or list of one entry (SETITEM, APPEND) and OrderedDicts such as model.state_dict(), which
-// LibTorch 1.13 cannot (Note [Reading Python's pickles] in torch_load.cpp). Throws c10::Error
-// naming `source` and what could not be read.
-c10::IValue torch_load(const std::vector<char>& bytes, const std::string& source);
+// torch.load for LibTorch 1.13: the value in a file that Python's torch.save (or
+// torch::pickle_save) wrote, including the OrderedDict that model.state_dict() is, which LibTorch's
+// own torch::pickle_load rejects (see Note [OrderedDict in LibTorch's unpickler]). The pickle is
+// checked before LibTorch's unpickler sees it, since that trusts it (a flipped byte could crash
+// it). Throws c10::Error saying what is wrong; errors from LibTorch pass through as c10::Error or
+// std::exception. Callers add the file's name.
+c10::IValue torch_load(const std::vector<char>& bytes);
 
 }  // namespace lockstep
