@@ -1,0 +1,125 @@
+#include "lockstep/train/checkpointer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "../dist/multi_rank.h"
+#include "../test_util.h"
+#include "lockstep/models/mlp.h"
+#include "lockstep/optim/optimizer.h"
+#include "lockstep/parallel/local_strategy.h"
+
+namespace lockstep::train {
+namespace {
+
+using ::testing::HasSubstr;
+
+c10::impl::GenericDict run_of(const std::string& model) {
+  c10::impl::GenericDict run = string_dict();
+  run.insert("model", model);
+  return run;
+}
+
+// A local strategy over a fresh mlp with Adam, after `steps` steps on fixed data.
+std::unique_ptr<parallel::Strategy> adam_strategy(int steps) {
+  torch::manual_seed(3);
+  const auto adam = optim::OptimizerOptions(optim::OptimizerKind::kAdam, 1e-3);
+  auto strategy = std::make_unique<parallel::LocalStrategy>(
+      torch::nn::AnyModule(std::make_shared<models::MLPImpl>()),
+      parallel::StrategyOptions().optimizer(
+          [adam](std::vector<torch::Tensor> p) { return optim::make_optimizer(std::move(p), adam); }));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const torch::Tensor x = torch::randn({8, 1, 28, 28}, gen), y = torch::randint(0, 10, {8}, gen, torch::kInt64);
+  for (int i = 0; i < steps; ++i) {
+    strategy->forward_backward({{x, y, 1.0}}, [](const torch::Tensor& out, const torch::Tensor& target) {
+      return torch::nn::functional::cross_entropy(out, target);
+    });
+    strategy->step();
+  }
+  return strategy;
+}
+
+TEST(Checkpointer, IsDueEverySaveEverySteps) {
+  EXPECT_FALSE(Checkpointer(CheckpointerOptions().save_every(3), run_of("mlp"), nullptr).due(3));  // no directory
+  Checkpointer every3(CheckpointerOptions().dir("/tmp/x").save_every(3), run_of("mlp"), nullptr);
+  EXPECT_TRUE(every3.due(3));
+  EXPECT_FALSE(every3.due(4));
+  EXPECT_TRUE(every3.due(6));
+  EXPECT_FALSE(Checkpointer(CheckpointerOptions().dir("/tmp/x"), run_of("mlp"), nullptr).due(3));  // epoch ends only
+}
+
+// Saves keep the newest K; "latest" finds the newest, and restoring it gives a fresh strategy the
+// saved optimizer state (Adam's moments and steps) and this process the saved RNG state.
+TEST(Checkpointer, ResumesTheNewestOfTheLastKWithOptimizerStateAndRng) {
+  testing::TempDir dir;
+  auto trained = adam_strategy(2);
+  Checkpointer writer(CheckpointerOptions().dir(dir.path()).keep_last(2), run_of("mlp"), nullptr);
+  for (int64_t step : {1, 2, 3}) {
+    TrainingPosition at;
+    at.step = step;
+    writer.save(at, *trained);
+  }
+  const torch::Tensor next_random = torch::rand({4});  // what the RNG gives after the last save
+  EXPECT_EQ(list_checkpoints(dir.path()), (std::vector<std::string>{checkpoint_path(dir.path(), 2),
+                                                                      checkpoint_path(dir.path(), 3)}));
+
+  Checkpointer reader(CheckpointerOptions().dir(dir.path()).resume("latest"), run_of("mlp"), nullptr);
+  const std::optional<Checkpoint> c = reader.load_resume(/*epochs=*/2);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(reader.resumed_from(), checkpoint_path(dir.path(), 3));
+  auto fresh = adam_strategy(0);
+  const TrainingPosition at = reader.restore(c, *fresh);
+  EXPECT_EQ(at.step, 3);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), next_random));
+  const auto saved = trained->training_state_dict().at("optimizer").toGenericDict().at("state").toGenericDict();
+  const auto loaded = fresh->training_state_dict().at("optimizer").toGenericDict().at("state").toGenericDict();
+  ASSERT_EQ(loaded.size(), saved.size());
+  for (const auto& entry : saved) {
+    const auto mine = loaded.at(entry.key()).toGenericDict();
+    for (const auto& buffer : entry.value().toGenericDict())
+      EXPECT_TRUE(torch::equal(buffer.value().toTensor(), mine.at(buffer.key()).toTensor())) << buffer.key();
+  }
+}
+
+TEST(Checkpointer, LatestWithNoneStartsAfreshAndAnotherRunsOrAFinishedOneIsRefused) {
+  testing::TempDir dir;
+  EXPECT_FALSE(Checkpointer(CheckpointerOptions().dir(dir.path()).resume("latest"), run_of("mlp"), nullptr)
+                   .load_resume(1)
+                   .has_value());
+  TrainingPosition done;
+  done.epoch = 1;
+  Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr).save(done, *adam_strategy(0));
+  EXPECT_THAT(testing::error_message([&] {
+                Checkpointer(CheckpointerOptions().dir(dir.path()).resume("latest"), run_of("convnet"), nullptr)
+                    .load_resume(2);
+              }),
+              HasSubstr("model=mlp in the checkpoint but convnet in this run"));
+  EXPECT_THAT(testing::error_message([&] {
+                Checkpointer(CheckpointerOptions().dir(dir.path()).resume("latest"), run_of("mlp"), nullptr).load_resume(1);
+              }),
+              HasSubstr("has completed 1 epochs and --epochs is 1"));
+  EXPECT_THAT(testing::error_message([] { Checkpointer(CheckpointerOptions().resume("latest"), run_of("mlp"), nullptr); }),
+              HasSubstr("--resume latest needs --checkpoint-dir"));
+}
+
+// Rank 0 found a checkpoint, rank 1 none (no shared directory): both refuse to train.
+TEST(Checkpointer, RanksThatWouldResumeAtDifferentStepsBothRefuse) {
+  testing::TempDir dir;
+  TrainingPosition at;
+  at.step = 5;
+  Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr).save(at, *adam_strategy(0));
+  std::vector<std::string> messages(2);
+  testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
+    Checkpointer c(CheckpointerOptions().dir(dir.path()).resume(rank == 0 ? "latest" : ""), run_of("mlp"), &group);
+    auto strategy = adam_strategy(0);
+    messages[rank] = testing::error_message([&] { c.restore(c.load_resume(2), *strategy); });
+  });
+  EXPECT_THAT(messages[0], HasSubstr("rank 0 resumes at step 5 from '"));
+  EXPECT_THAT(messages[1], HasSubstr("rank 1 resumes at step 0 (no checkpoint) but other ranks resume between steps 0 and 5"));
+}
+
+}  // namespace
+}  // namespace lockstep::train
