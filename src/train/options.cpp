@@ -1,7 +1,12 @@
 #include "lockstep/train/options.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 
 #include "lockstep/core/names.h"
 #include "lockstep/models/zoo.h"
@@ -12,6 +17,42 @@ namespace {
 
 constexpr int64_t kSyntheticTrainSize = 10000;
 constexpr int64_t kSyntheticTestSize = 2000;
+
+namespace fs = std::filesystem;
+
+// Throws naming `flag`, `path` and why, unless `dir` is an existing directory this process may
+// create files in.
+void check_writable_directory(const char* flag, const std::string& path, const fs::path& dir) {
+  std::error_code ec;
+  const char* why = nullptr;
+  if (!fs::exists(dir, ec)) {
+    why = "it does not exist";
+  } else if (!fs::is_directory(dir, ec)) {
+    why = "it is not a directory";
+  } else if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    why = std::strerror(errno);
+  }
+  TORCH_CHECK_VALUE(why == nullptr, flag, " '", path, "': cannot create files in '", dir.string(), "' (", why,
+                    "); give a path in a writable directory");
+}
+
+// A file `flag` will write at the end of the run: its directory must take it.
+void check_output_file(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  std::error_code ec;
+  TORCH_CHECK_VALUE(!fs::is_directory(path, ec), flag, " '", path, "' is a directory; give a file path");
+  const fs::path parent = fs::path(path).parent_path();
+  check_writable_directory(flag, path, parent.empty() ? fs::path(".") : parent);
+}
+
+// A directory `flag` will fill: created now (as the run would), then checked.
+void check_output_directory(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  TORCH_CHECK_VALUE(!ec, flag, " '", path, "': cannot create it (", ec.message(), "); give a path in a writable directory");
+  check_writable_directory(flag, path, path);
+}
 
 }  // namespace
 
@@ -108,6 +149,14 @@ void TrainOptions::validate() const {
     TORCH_CHECK_VALUE(*end == '\0' && std::isfinite(v) && v > 0, "--loss-scale '", loss_scale(),
                       "' is not 'dynamic', 'none' or a positive number");
   }
+}
+
+void TrainOptions::check_output_paths() const {
+  check_output_file("--save-model", save_model());
+  check_output_file("--trace", trace());
+  check_output_file("--log-jsonl", log_jsonl());
+  check_output_directory("--checkpoint-dir", checkpoint_dir());
+  check_output_directory("--tensorboard", tensorboard());
 }
 
 amp::OptLevel TrainOptions::resolved_opt_level() const {

@@ -239,6 +239,7 @@ class TrainingRun {
 
 TrainResult train(const TrainOptions& options) {
   options.validate();
+  if (world_from_env().rank == 0) options.check_output_paths();  // rank 0 writes them
   return TrainingRun(options).run();
 }
 

@@ -104,6 +104,28 @@ TEST(Trainer, RejectsBadOptionsNamingTheValue) {
   EXPECT_EQ(msg(TrainOptions()), "<no error>");
 }
 
+// Every output path is checked before any data is read or step taken: the data directory here does
+// not exist, so an error about it would mean the path check came too late. Previously a bad
+// --save-model or --trace failed only after the whole run.
+TEST(Trainer, OutputPathsAreRefusedBeforeTrainingNamingTheOption) {
+  testing::TempDir dir;
+  const TrainOptions base = TrainOptions().data_dir("/nonexistent/fashion-mnist").progress(false);
+  auto msg = [](const TrainOptions& o) { return testing::error_message([&] { train(o); }); };
+  EXPECT_THAT(msg(TrainOptions(base).save_model("/etc/hostname/model.pt")),
+              HasSubstr("--save-model '/etc/hostname/model.pt': cannot create files in '/etc/hostname' (it is not a "
+                        "directory)"));
+  EXPECT_THAT(msg(TrainOptions(base).trace(dir / "no/such/dir/trace.json")),
+              HasSubstr("--trace '" + (dir / "no/such/dir/trace.json") + "': cannot create files in '" +
+                        (dir / "no/such/dir") + "' (it does not exist)"));
+  EXPECT_THAT(msg(TrainOptions(base).log_jsonl(dir.path())), HasSubstr("--log-jsonl '" + dir.path() + "' is a directory"));
+  EXPECT_THAT(msg(TrainOptions(base).checkpoint_dir("/etc/hostname/ckpt")),
+              HasSubstr("--checkpoint-dir '/etc/hostname/ckpt': cannot create it (Not a directory)"));
+  // Good paths pass the check, and the run then stops at the missing data, as before.
+  EXPECT_THAT(msg(TrainOptions(base).save_model(dir / "m.pt").checkpoint_dir(dir / "ckpt")),
+              HasSubstr("/nonexistent/fashion-mnist"));
+  EXPECT_TRUE(std::filesystem::is_directory(dir / "ckpt"));
+}
+
 TEST(Trainer, ResNetOnFashionMnistSuggestsSynthetic) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
   EXPECT_THAT(testing::error_message([] { train(TrainOptions().model("resnet18").progress(false)); }),

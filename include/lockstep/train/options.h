@@ -92,6 +92,11 @@ struct TrainOptions {
  public:
   // Throws c10::ValueError naming the first invalid value and what is allowed.
   void validate() const;
+  // Throws c10::ValueError naming the option, the path and why, when a file or directory the run
+  // would write (--save-model, --trace, --log-jsonl, --checkpoint-dir, --tensorboard) cannot be
+  // written there; creates the directories, as the run would. Called on rank 0 before training, so
+  // a bad path fails in the first second instead of after the whole run.
+  void check_output_paths() const;
 
   // The values the options leave to the run, resolved once.
   amp::OptLevel resolved_opt_level() const;
