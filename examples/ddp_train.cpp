@@ -23,7 +23,7 @@
 #include "lockstep/dist/process_group.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/models/zoo.h"
-#include "lockstep/optim/optimizer.h"
+#include "lockstep/optim/state_dict.h"
 #include "lockstep/parallel/distributed_data_parallel.h"
 
 using namespace lockstep;

@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "lockstep/models/state_dict.h"
-#include "lockstep/optim/optimizer.h"
+#include "lockstep/optim/state_dict.h"
 
 namespace lockstep::parallel {
 namespace {

@@ -12,6 +12,7 @@
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/core/torch_load.h"
 #include "lockstep/models/state_dict.h"
+#include "lockstep/optim/state_dict.h"
 
 namespace lockstep::optim {
 namespace {

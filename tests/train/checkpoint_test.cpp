@@ -15,7 +15,7 @@
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/models/zoo.h"
-#include "lockstep/optim/optimizer.h"
+#include "lockstep/optim/state_dict.h"
 
 namespace lockstep::train {
 namespace {

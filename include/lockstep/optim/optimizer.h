@@ -1,6 +1,5 @@
 #pragma once
 
-#include <ATen/core/ivalue.h>
 #include <c10/util/Optional.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -53,28 +52,12 @@ struct OptimizerOptions {
   void validate() const;
 };
 
+// The LibTorch options of `options`' kind (torch::optim::SGDOptions, AdamOptions or AdamWOptions),
+// validated first: what make_optimizer gives its group, and what a loaded state's groups become.
+std::unique_ptr<torch::optim::OptimizerOptions> make_torch_options(const OptimizerOptions& options);
+
 // A LibTorch optimizer over `params` (one parameter group) with `options`, validated first.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tensor> params,
                                                         const OptimizerOptions& options);
-
-// The optimizer's state in the layout of Python's optimizer.state_dict() (Note [Optimizer state
-// layout] in optimizer.cpp):
-//   {"state": {index: {name: tensor}}, "param_groups": [{hyperparameters..., "params": [index...]}]}
-// with parameters numbered 0, 1, ... in order across groups. State tensors are CPU copies.
-// Python's load_state_dict accepts it, and torch::pickle_save writes it so that torch.load reads
-// it. Throws for an optimizer that is not a torch::optim::SGD, Adam or AdamW.
-c10::IValue optimizer_state_dict(const torch::optim::Optimizer& optimizer);
-
-// Replaces the optimizer's hyperparameters and state with `state`'s, as Python's
-// optimizer.load_state_dict: written by optimizer_state_dict, by Python's state_dict() of the same
-// kind, or (sgd) by lockstep before this module existed. Everything is checked before anything is
-// changed; errors name `source`, the group or parameter index, and the shapes or values that
-// disagree. State tensors take the parameter's dtype and device.
-void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& state,
-                               const std::string& source);
-
-// Bytes held by the optimizer's state tensors (SGD's momentum buffers; Adam's and AdamW's exp_avg,
-// exp_avg_sq and max_exp_avg_sq): the optimizer's share of training memory. 0 before the first step.
-int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
 }  // namespace lockstep::optim
