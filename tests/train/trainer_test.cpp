@@ -292,7 +292,7 @@ TEST(Trainer, ProfileReportsEveryPhaseAndAccountsForTheTrainingTime) {
   for (const char* phase : {"forward", "backward", "optimizer"}) EXPECT_GT(ms[phase], 0.0) << phase << "\n" << r.profile;
   EXPECT_EQ(ms["sync"], 0.0) << "one process has no gradient all-reduce to wait for\n" << r.profile;
   const double steps_ms = 10 * ms["step"], train_ms = 1000 * r.train_s;
-  EXPECT_LE(steps_ms, train_ms) << r.profile;
+  EXPECT_LE(steps_ms, train_ms + 10 * 0.0005) << r.profile;  // the report rounds the step mean to 0.001 ms
   EXPECT_GE(steps_ms, 0.5 * train_ms) << r.profile;
   EXPECT_THAT(r.profile, HasSubstr("(10 steps)"));
 }
