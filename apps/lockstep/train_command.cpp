@@ -4,6 +4,7 @@
 #include <iostream>
 #include <memory>
 
+#include "checks.h"
 #include "commands.h"
 #include "lockstep/core/names.h"
 #include "lockstep/core/process.h"
@@ -62,36 +63,40 @@ Command add_train_command(CLI::App& app) {
                                           "How ranks hold and step the model", "ddp under a launcher, else local");
   cmd->add_option("--data-dir", o->data_dir(), "Directory with the Fashion-MNIST IDX files");
   cmd->add_option("--limit", o->limit(), "Use only the first N training samples (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--epochs", o->epochs(), "Epochs to train")->check(CLI::PositiveNumber);
+      ->check(cli::non_negative_count());
+  cmd->add_option("--epochs", o->epochs(), "Epochs to train")->check(cli::positive_count());
   cmd->add_option("--batch-size", o->batch_size(), "Samples per step, per process")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_count());
   auto* opt = "Optimizer";
   add_enum_option<optim::OptimizerKind>(cmd, "--optimizer", optim::optimizer_names(), [o](auto v) { o->optimizer(v); },
                                         "Optimizer, with PyTorch's defaults", "sgd")
       ->group(opt);
   cmd->add_option_function<double>("--lr", [o](double v) { o->lr(v); }, "Learning rate")
-      ->default_str("0.02 for sgd, 0.001 for adam and adamw")->check(CLI::NonNegativeNumber)->group(opt);
+      ->default_str("0.02 for sgd, 0.001 for adam and adamw")->check(cli::non_negative_number())->group(opt);
   cmd->add_option_function<double>("--momentum", [o](double v) { o->momentum(v); }, "sgd momentum")
-      ->default_str("0.9")->check(CLI::NonNegativeNumber)->group(opt);
+      ->default_str("0.9")->check(cli::non_negative_number())->group(opt);
   auto betas = std::make_shared<std::vector<double>>();
   cmd->add_option("--betas", *betas, "adam, adamw: beta1,beta2 (default 0.9,0.999)")->delimiter(',')->expected(2)
       ->group(opt);
-  cmd->add_option("--eps", o->eps(), "adam, adamw: term added to the denominator")->check(CLI::PositiveNumber)->group(opt);
+  cmd->add_option("--eps", o->eps(), "adam, adamw: term added to the denominator")->check(cli::positive_number())->group(opt);
   cmd->add_option_function<double>("--weight-decay", [o](double v) { o->weight_decay(v); },
                                     "Weight decay (adamw: decoupled)")
-      ->default_str("0.01 for adamw, 0 otherwise")->check(CLI::NonNegativeNumber)->group(opt);
+      ->default_str("0.01 for adamw, 0 otherwise")->check(cli::non_negative_number())->group(opt);
   cmd->add_option("--seed", o->seed(), "Seed for initialisation and data order");
   cmd->add_option("--threads", o->threads(),
                   "Intra-op threads (0: cores / LOCAL_WORLD_SIZE, here " +
                       std::to_string(default_intra_op_threads()) + ")")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_count());
+  cmd->add_option("--timeout", o->timeout(),
+                  "Seconds the rendezvous and each collective may take before the run fails naming the rank that "
+                  "did not arrive")
+      ->check(cli::positive_number())->capture_default_str();
   cmd->add_option("--save-model", o->save_model(),
                   "Write the final state dict here (readable by Python's torch.load)");
   cmd->add_flag("--quiet", *quiet, "No progress display (the JSON summary is still printed)");
   cmd->add_flag("--deterministic", o->deterministic(), "Use only LibTorch's deterministic algorithms");
   cmd->add_option("--log-jsonl", o->log_jsonl(), "Write one JSON line per logged step and per epoch to FILE (appended to when resuming)");
-  cmd->add_option("--log-every", o->log_every(), "Optimizer steps between logged steps")->check(CLI::PositiveNumber);
+  cmd->add_option("--log-every", o->log_every(), "Optimizer steps between logged steps")->check(cli::positive_count());
 
   cmd->add_option("--tensorboard", o->tensorboard(), "Write TensorBoard event files (scalars) to DIR");
   cmd->add_flag("--profile", o->profile(), "Print each step phase's mean time and share of the step at the end");
@@ -103,12 +108,12 @@ Command add_train_command(CLI::App& app) {
                                          "constant")
       ->group(lr);
   cmd->add_option("--warmup-steps", o->warmup_steps(), "Linear warmup over the first N optimizer steps")
-      ->check(CLI::NonNegativeNumber)->group(lr);
+      ->check(cli::non_negative_count())->group(lr);
   add_enum_option<train::LrScaleRule>(cmd, "--scale-lr", train::lr_scale_rule_names(), [o](auto v) { o->scale_lr(v); },
                                       "Scale --lr by world size x accum steps", "none")
       ->group(lr);
   cmd->add_option("--lr-step-size", o->lr_step_size(), "step schedule: decay every N optimizer steps")
-      ->check(CLI::NonNegativeNumber)->group(lr);
+      ->check(cli::non_negative_count())->group(lr);
   cmd->add_option("--lr-gamma", o->lr_gamma(), "step and multistep schedules: decay factor")->group(lr);
   cmd->add_option("--lr-milestones", o->lr_milestones(), "multistep schedule: optimizer steps at which to decay")
       ->delimiter(',')->group(lr);
@@ -129,9 +134,9 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--checkpoint-dir", o->checkpoint_dir(), "Write checkpoints (step-N.pt) here, at each epoch end")
       ->group(ckpt);
   cmd->add_option("--save-every", o->save_every(), "Also checkpoint every N optimizer steps (0: epoch ends only)")
-      ->check(CLI::NonNegativeNumber)->group(ckpt);
+      ->check(cli::non_negative_count())->group(ckpt);
   cmd->add_option("--keep-last", o->keep_last(), "Keep only the newest K checkpoints (0: all)")
-      ->check(CLI::NonNegativeNumber)->group(ckpt);
+      ->check(cli::non_negative_count())->group(ckpt);
   cmd->add_option("--resume", o->resume(),
                   "Continue from a checkpoint file, the newest in a directory, or 'latest' in --checkpoint-dir")
       ->group(ckpt);
@@ -141,14 +146,14 @@ Command add_train_command(CLI::App& app) {
 
   auto* step = "Optimizer step";
   cmd->add_option("--accum-steps", o->accum_steps(), "Micro-batches per optimizer step (gradient accumulation)")
-      ->check(CLI::PositiveNumber)->group(step);
+      ->check(cli::positive_count())->group(step);
   cmd->add_option("--clip-value", o->clip_value(), "Clamp each gradient element to [-V, V] (0: off)")
-      ->check(CLI::NonNegativeNumber)->group(step);
+      ->check(cli::non_negative_number())->group(step);
   cmd->add_option("--clip-norm", o->clip_norm(), "Scale gradients to total L2 norm at most N, after --clip-value (0: off)")
-      ->check(CLI::NonNegativeNumber)->group(step);
+      ->check(cli::non_negative_number())->group(step);
   cmd->add_option("--max-skipped-steps", o->max_skipped_steps(),
                   "Abort after this many consecutive steps with a non-finite loss or gradient")
-      ->check(CLI::PositiveNumber)->group(step);
+      ->check(cli::positive_count())->group(step);
   auto inject = std::make_shared<std::string>();
   cmd->add_option("--inject-nan", *inject, "Testing: make step S's loss NaN on rank R (S or S@R, S 0-based)")
       ->group(step);

@@ -15,6 +15,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "lockstep/core/zip_checksum.h"
+
 namespace lockstep {
 namespace {
 
@@ -301,6 +303,7 @@ class BytesReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
 c10::IValue torch_load(const std::vector<char>& bytes) {
   const bool zip = bytes.size() >= 4 && std::memcmp(bytes.data(), "PK\x03\x04", 4) == 0;
   if (!zip) return torch::pickle_load(bytes);  // let LibTorch judge (and reject) other formats
+  verify_zip_checksums(bytes);
   caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesReadAdapter>(bytes));
   TORCH_CHECK(reader.hasRecord("data.pkl"), "the zip archive has no data.pkl record, so it is not a file "
               "torch.save wrote");

@@ -117,9 +117,43 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* 
   } catch (const std::exception& e) {
     const std::string why = e.what();
     TORCH_CHECK(false, what, " failed on rank ", rank_, " of ", size_, " (timeout ", seconds(timeout_),
-                " s): ", why.substr(0, why.find('\n')),
-                "; a peer crashed, stalled or called a different collective");
+                " s): ", why.substr(0, why.find('\n')), ". ", roll_call());
   }
+}
+
+// Note [Naming the rank that did not arrive]
+// A collective that times out says only that it timed out, on every rank that was waiting, and a
+// launcher that reports the first rank to exit would then blame a healthy rank for a stalled one.
+// After a failed collective each rank that is still running signs in under its own key in the
+// store and looks, for a few seconds, for the others' keys: whoever never signs in is the rank
+// that stalled (stopped, deadlocked, far slower) or died. The keys are written once: a failed
+// collective ends the group.
+std::string ProcessGroup::roll_call() {
+  const auto window = std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(5));
+  const auto key = [](int64_t r) { return std::string("lockstep/roll_call/") + std::to_string(r); };
+  std::vector<int64_t> absent;
+  try {
+    store_->setTimeout(window);  // rank 0 hosts the store: if it is the stalled one, the store is too
+    store_->set(key(rank_), std::vector<uint8_t>{1});
+    const auto deadline = Clock::now() + window;
+    do {
+      absent.clear();
+      for (int64_t r = 0; r < size_; ++r)
+        if (r != rank_ && !store_->check({key(r)})) absent.push_back(r);
+      if (absent.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling the store, bounded by `deadline`
+    } while (Clock::now() < deadline);
+  } catch (const std::exception&) {
+    return "The store on rank 0 does not answer either: rank 0 stalled or exited";
+  }
+  if (absent.empty())
+    return "Every rank is still running: they called different collectives, or the network failed";
+  std::string ranks;
+  for (int64_t r : absent) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  return c10::str(absent.size() == 1 ? "Rank " : "Ranks ", ranks, " did not sign in within ", seconds(window),
+                  " s of the failure: ", absent.size() == 1 ? "it" : "they",
+                  " stalled (stopped by a signal or a debugger, deadlocked, or far slower than the others) or "
+                  "exited. If it is only slow, raise the timeout (lockstep train --timeout)");
 }
 
 void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {

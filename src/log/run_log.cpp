@@ -1,21 +1,73 @@
 #include "lockstep/log/run_log.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
 namespace lockstep::log {
 
-RunLog::RunLog(const RunLogOptions& options) {
+namespace {
+
+// Length of `fd`'s contents up to and including its last newline: what remains of a file whose
+// last line was cut short (a run killed mid-write, or by a full disk before this check existed).
+off_t complete_lines_length(int fd) {
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  char buffer[4096];
+  for (off_t end = size; end > 0;) {
+    const off_t begin = std::max<off_t>(0, end - static_cast<off_t>(sizeof(buffer)));
+    const ssize_t n = ::pread(fd, buffer, static_cast<size_t>(end - begin), begin);
+    if (n <= 0) return size;  // unreadable: leave the file as it is
+    for (ssize_t i = n - 1; i >= 0; --i)
+      if (buffer[i] == '\n') return begin + i + 1;
+    end = begin;
+  }
+  return 0;
+}
+
+}  // namespace
+
+RunLog::RunLog(const RunLogOptions& options) : jsonl_path_(options.jsonl()) {
   if (!options.jsonl().empty()) {
-    jsonl_.open(options.jsonl(), options.append() ? std::ios::app : std::ios::trunc);
-    TORCH_CHECK(jsonl_, "cannot open --log-jsonl file '", options.jsonl(), "': ", std::strerror(errno));
+    const int flags = O_RDWR | O_CREAT | O_CLOEXEC | (options.append() ? 0 : O_TRUNC);
+    jsonl_ = launch::UniqueFd(::open(options.jsonl().c_str(), flags, 0644));
+    TORCH_CHECK(jsonl_.valid(), "cannot open --log-jsonl file '", options.jsonl(), "': ", std::strerror(errno));
+    const off_t size = ::lseek(jsonl_.get(), 0, SEEK_END), complete = complete_lines_length(jsonl_.get());
+    if (complete < size) {
+      std::fprintf(stderr, "lockstep: warning: --log-jsonl '%s' ended in a cut-off line (%lld bytes); removed it "
+                   "before appending\n", options.jsonl().c_str(), static_cast<long long>(size - complete));
+      TORCH_CHECK(::ftruncate(jsonl_.get(), complete) == 0, "cannot remove the cut-off last line of --log-jsonl '",
+                  options.jsonl(), "': ", std::strerror(errno));
+    }
   }
   if (!options.tensorboard().empty()) tensorboard_ = std::make_unique<SummaryWriter>(options.tensorboard());
 }
 
 void RunLog::event(const nlohmann::ordered_json& j) {
-  if (jsonl_.is_open()) jsonl_ << j.dump() << '\n' << std::flush;
+  if (!jsonl_.valid()) return;
+  const std::string line = j.dump() + '\n';
+  const off_t start = ::lseek(jsonl_.get(), 0, SEEK_END);
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(jsonl_.get(), line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const char* why = std::strerror(n < 0 ? errno : EIO);
+      // Should even this fail, the next resumed run's open removes the half line (complete_lines_length).
+      (void)!::ftruncate(jsonl_.get(), start);
+      stop_jsonl(why);
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void RunLog::stop_jsonl(const char* why) {
+  std::fprintf(stderr, "lockstep: error: --log-jsonl logging stopped: writing to '%s' failed: %s; the file ends "
+               "with the last complete line\n", jsonl_path_.c_str(), why);
+  jsonl_.reset();
 }
 
 void RunLog::scalar(const std::string& tag, double value, int64_t step) {

@@ -48,6 +48,14 @@ void save_state_dict(const c10::Dict<std::string, torch::Tensor>& dict, const st
 void load_state_dict(torch::nn::Module& model, const c10::IValue& dict, const std::string& source) {
   TORCH_CHECK(dict.isGenericDict(), source, " is not a state dict (a dict of name -> tensor) but a ",
               dict.tagKind());
+  // A whole checkpoint (lockstep's, or Python's common {"model": ..., "optimizer": ...} layout)
+  // gives the state dict under its "model" or "state_dict" key.
+  for (const char* key : {"model", "state_dict"}) {
+    const auto& top = dict.toGenericDict();
+    auto it = top.find(key);
+    if (it != top.end() && it->value().isGenericDict())
+      return load_state_dict(model, it->value(), source + "['" + key + "']");
+  }
   std::map<std::string, torch::Tensor> given;
   bool all_prefixed = true;
   for (const auto& item : dict.toGenericDict()) {
@@ -84,6 +92,11 @@ void load_state_dict(torch::nn::Module& model, const c10::IValue& dict, const st
     const torch::Tensor& src = given.at(key);
     TORCH_CHECK(src.sizes() == tensor.sizes(), source, ": '", key, "' has shape ", src.sizes(),
                 " but the model's has shape ", tensor.sizes());
+    // A NaN or infinite weight trains to chance accuracy without another symptom: refuse it here.
+    TORCH_CHECK(!src.is_floating_point() || torch::isfinite(src).all().item<bool>(), source, ": '", key,
+                "' holds ", (~torch::isfinite(src)).sum().item<int64_t>(), " non-finite values (NaN or inf) of ",
+                src.numel(), "; the weights were saved from a diverged run or the file is damaged: use an earlier "
+                "checkpoint");
     tensor.copy_(src);
   }
 }

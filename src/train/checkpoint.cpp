@@ -125,8 +125,8 @@ void check_same_run(const Checkpoint& c, const GenericDict& run, const std::stri
     differences += (differences.empty() ? "" : "; ") + d.str();
   }
   TORCH_CHECK_VALUE(differences.empty(), "cannot resume from '", path, "': it was written by a different run: ",
-                    differences, ". Resume with the same settings, or start afresh with --init-weights ",
-                    "to take only its model weights");
+                    differences, ". Resume with the same settings, or start afresh from its model weights with ",
+                    "--init-weights '", path, "' in place of --resume, and an empty --checkpoint-dir");
 }
 
 std::string checkpoint_path(const std::string& dir, int64_t step) {

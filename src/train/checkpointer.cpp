@@ -22,28 +22,80 @@ Checkpointer::Checkpointer(CheckpointerOptions options, c10::impl::GenericDict r
   TORCH_CHECK_VALUE(options_.keep_last() >= 0, "keep-last=", options_.keep_last(), " must be >= 0 (0 keeps all)");
   TORCH_CHECK_VALUE(options_.resume() != "latest" || enabled(),
                     "--resume latest needs --checkpoint-dir (where to look for the latest checkpoint)");
+  if (enabled() && rank_ == 0) lock_ = DirectoryLock(options_.dir(), "--checkpoint-dir");
 }
 
 std::optional<Checkpoint> Checkpointer::load_resume(int64_t epochs) {
-  if (options_.resume().empty()) return std::nullopt;
+  if (options_.resume().empty()) {
+    refuse_existing_checkpoints();
+    return std::nullopt;
+  }
   std::string path = options_.resume();
+  std::optional<Checkpoint> c;
   if (path == "latest" || std::filesystem::is_directory(path)) {
     const std::string dir = path == "latest" ? options_.dir() : path;
-    const auto latest = latest_checkpoint(dir);
-    if (!latest && path == "latest") {
+    if (list_checkpoints(dir).empty()) {
+      TORCH_CHECK_VALUE(path == "latest", "rank ", rank_, ": --resume '", path, "': no checkpoint (step-*.pt) in it");
       if (rank_ == 0) std::printf("no checkpoint in '%s' yet: starting from scratch\n", dir.c_str());
       return std::nullopt;
     }
-    TORCH_CHECK_VALUE(latest, "rank ", rank_, ": --resume '", path, "': no checkpoint (step-*.pt) in it");
-    path = *latest;
+    c = load_newest_readable(dir, path);
+  } else {
+    c = load_checkpoint(path);
   }
-  Checkpoint c = load_checkpoint(path);
-  check_same_run(c, run_, path);
-  TORCH_CHECK_VALUE(c.position.epoch < epochs, "checkpoint '", path, "' has completed ", c.position.epoch,
+  check_same_run(*c, run_, path);
+  TORCH_CHECK_VALUE(c->position.epoch <= epochs, "checkpoint '", path, "' has completed ", c->position.epoch,
                     " epochs and --epochs is ", epochs, "; --epochs counts from the start of training: pass ",
-                    "more than ", c.position.epoch, " to train further");
+                    c->position.epoch, " or more");
+  if (c->position.epoch == epochs && rank_ == 0)
+    std::printf("checkpoint '%s' has completed all %lld epochs: nothing left to train; evaluating it and "
+                "writing the outputs\n", path.c_str(), static_cast<long long>(epochs));
   resumed_from_ = path;
   return c;
+}
+
+// Note [Falling back to an older checkpoint]
+// A run killed while writing leaves the previous checkpoint intact (the write is atomic), but a
+// damaged disk or a bad copy can still leave the newest file unreadable. A restart loop resuming
+// "latest" would then fail on every attempt; instead it takes the newest file that reads (CRCs
+// verified, see core/zip_checksum.h) and says which it skipped and why. A checkpoint named
+// explicitly never falls back.
+std::optional<Checkpoint> Checkpointer::load_newest_readable(const std::string& dir, std::string& path) {
+  const std::vector<std::string> all = list_checkpoints(dir);
+  std::string skipped;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      Checkpoint c = load_checkpoint(*it);
+      path = *it;
+      return c;
+    } catch (const c10::Error& e) {
+      std::fprintf(stderr, "lockstep: warning: rank %lld: skipping checkpoint '%s': %s; trying the one before it\n",
+                   static_cast<long long>(rank_), it->c_str(), e.what_without_backtrace());
+      skipped += (skipped.empty() ? "'" : ", '") + *it + "'";
+    }
+  }
+  TORCH_CHECK(false, "rank ", rank_, ": none of the ", all.size(), " checkpoints in '", dir, "' can be read (",
+              skipped, "); the warnings above say why. Start afresh without --resume, in an empty --checkpoint-dir");
+}
+
+// Not resuming: a fresh run's step-N files would interleave with the ones already there, and its
+// --keep-last pruning (by step) would delete its own newer files and keep stale ones.
+void Checkpointer::refuse_existing_checkpoints() {
+  if (!enabled()) return;
+  const auto latest = latest_checkpoint(options_.dir());
+  if (!latest) return;
+  std::string whose = "checkpoints";
+  try {
+    check_same_run(load_checkpoint(*latest), run_, *latest);
+    whose = "checkpoints of a run with these same settings";
+  } catch (const c10::ValueError&) {
+    whose = "checkpoints of another run (different settings)";
+  } catch (const c10::Error&) {
+    whose = "checkpoints (the newest unreadable)";
+  }
+  TORCH_CHECK_VALUE(false, "rank ", rank_, ": --checkpoint-dir '", options_.dir(), "' already holds ", whose,
+                    ", up to '", *latest, "'. Pass --resume latest to continue that run, or give this run an empty ",
+                    "--checkpoint-dir");
 }
 
 TrainingPosition Checkpointer::restore(const std::optional<Checkpoint>& c, parallel::Strategy& strategy) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "lockstep/core/names.h"
+#include "lockstep/core/process.h"
 #include "lockstep/models/zoo.h"
 #include "lockstep/train/checkpoint.h"
 
@@ -77,9 +78,17 @@ DataSplits load_data(const TrainOptions& o) {
   DataSplits s{data::load_fashion_mnist(o.data_dir(), data::Split::kTrain).take(o.limit()),
            data::load_fashion_mnist(o.data_dir(), data::Split::kTest)};
   const auto want = models::input_shape(o.model());
-  const auto have = s.train.images.sizes().slice(1);
-  TORCH_CHECK_VALUE(have.equals(want), "model '", o.model(), "' expects images of shape ", c10::IntArrayRef(want),
-                    " but fashion-mnist has ", have, "; use --data synthetic for this model");
+  for (const auto& [split, data] : {std::pair<const char*, const data::Dataset&>{"training", s.train}, {"test", s.test}}) {
+    TORCH_CHECK_VALUE(data.size() > 0, "the ", split, " split in --data-dir '", o.data_dir(), "' holds no images: ",
+                      "there is nothing to ", split == std::string("test") ? "measure accuracy on" : "train on",
+                      "; point --data-dir at Fashion-MNIST's four IDX files");
+    const auto have = data.images.sizes().slice(1);
+    const bool fashion_mnist_shape = have.equals({1, 28, 28});
+    TORCH_CHECK_VALUE(have.equals(want), "model '", o.model(), "' takes images of shape ", c10::IntArrayRef(want),
+                      " but the ", split, " images in --data-dir '", o.data_dir(), "' have shape ", have,
+                      fashion_mnist_shape ? "; use --data synthetic for this model"
+                                          : "; point --data-dir at Fashion-MNIST's IDX files (1 x 28 x 28 images)");
+  }
   return s;
 }
 
@@ -121,6 +130,13 @@ void TrainOptions::validate() const {
   TORCH_CHECK_VALUE(batch_size() >= 1, "batch size ", batch_size(), " must be at least 1");
   optimizer_options().validate();
   TORCH_CHECK_VALUE(threads() >= 0, "threads=", threads(), " must be >= 0 (0 means automatic)");
+  TORCH_CHECK_VALUE(threads() <= available_cores(), "threads=", threads(), " exceeds the ", available_cores(),
+                    " cores this process may use: threads beyond the cores take turns and run many times slower. ",
+                    "Pass at most ", available_cores(), " (0: the cores divided among this node's ranks)");
+  // c10d takes 0 ms as "no timeout", and a timeout must fit in milliseconds.
+  TORCH_CHECK_VALUE(timeout() >= 0.01 && timeout() <= 604800.0, "timeout=", timeout(),
+                    " s is out of range: give the seconds the rendezvous and each collective may take, in ",
+                    "[0.01, 604800] (up to 7 days); the default is 300");
   TORCH_CHECK_VALUE(save_every() >= 0, "save-every=", save_every(), " must be >= 0 (0: at epoch ends only)");
   TORCH_CHECK_VALUE(keep_last() >= 0, "keep-last=", keep_last(), " must be >= 0 (0 keeps all)");
   TORCH_CHECK_VALUE(checkpoint_dir().empty() ? save_every() == 0 && keep_last() == 0 : true,

@@ -38,7 +38,9 @@ class TrainingRun {
     torch::set_num_threads(static_cast<int>(result_.threads));
     torch::manual_seed(o.seed());
     if (o.deterministic()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
-    if (world_.world_size > 1) group_ = dist::init_process_group();
+    if (world_.world_size > 1)
+      group_ = dist::init_process_group(dist::InitOptions().timeout(
+          std::chrono::milliseconds(static_cast<int64_t>(std::llround(o.timeout() * 1000.0)))));
     result_.world_size = world_.world_size;
     result_.rank = world_.rank;
 
@@ -72,9 +74,14 @@ class TrainingRun {
       sampler_->set_epoch(pos_.epoch);
       train_epoch(sampler_->indices());
     }
-    result_.samples_per_s = average(static_cast<double>(result_.samples) / result_.train_s);  // smooths rank jitter
-    result_.test_acc = result_.epochs.back().test_acc;
-    result_.final_loss = result_.epochs.back().train_loss;
+    if (result_.epochs.empty()) {  // resumed from a finished run: its model is evaluated and written as is
+      result_.test_acc = evaluate_model();
+      result_.final_loss = NAN;
+    } else {
+      result_.samples_per_s = average(static_cast<double>(result_.samples) / result_.train_s);  // smooths rank jitter
+      result_.test_acc = result_.epochs.back().test_acc;
+      result_.final_loss = result_.epochs.back().train_loss;
+    }
     result_.steps = pos_.step;
     result_.skipped_steps = pos_.skipped_steps;
     report_memory(strategy_->memory());
@@ -121,8 +128,7 @@ class TrainingRun {
     er.epoch = pos_.epoch + 1;
     er.train_s = seconds_since(t0);
     er.train_loss = average(pos_.epoch_steps > 0 ? pos_.epoch_loss_sum / static_cast<double>(pos_.epoch_steps) : NAN);
-    er.test_acc = evaluate(strategy_->module(), [this](const torch::Tensor& x) { return strategy_->forward(x); },
-                           data_.test, group_.get());
+    er.test_acc = evaluate_model();
     result_.train_s += er.train_s;
     result_.samples += (n - std::min(n, first * b)) * world_.world_size;  // every rank has n (padding)
     result_.epochs.push_back(er);
@@ -215,6 +221,11 @@ class TrainingRun {
                 static_cast<long long>(world_.rank), static_cast<double>(m.param_bytes) / mib,
                 static_cast<double>(m.grad_bytes) / mib, static_cast<double>(m.optim_bytes) / mib, peak_rss_mib());
     std::fflush(stdout);
+  }
+
+  double evaluate_model() {
+    return evaluate(strategy_->module(), [this](const torch::Tensor& x) { return strategy_->forward(x); },
+                    data_.test, group_.get());
   }
 
   // The mean of `value` over the ranks.

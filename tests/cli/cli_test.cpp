@@ -52,8 +52,8 @@ TEST_P(CliRejects, WithExitCodeTwoNamingTheValue) {
 
 INSTANTIATE_TEST_SUITE_P(
     BadInputs, CliRejects,
-    ::testing::Values(BadInput{"train --batch-size 0", "--batch-size: Value 0"},
-                      BadInput{"train --lr -0.5", "--lr: Value -0.5"},
+    ::testing::Values(BadInput{"train --batch-size 0", "--batch-size: '0' must be at least 1"},
+                      BadInput{"train --lr -0.5", "--lr: '-0.5' must be >= 0"},
                       BadInput{"train --model lenet", "lenet"},
                       BadInput{"train --data cifar", "cifar"},
                       BadInput{"train --optimizer lamb", "lamb"},

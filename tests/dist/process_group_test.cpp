@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <future>
 #include <mutex>
 
 #include "../test_util.h"
@@ -88,6 +89,32 @@ TEST(ProcessGroup, PortInUseIsReported) {
   auto msg = testing::error_message(
       [&] { init_process_group(testing::loopback(0, 2, port, std::chrono::milliseconds(1500))); });
   EXPECT_THAT(msg, HasSubstr("port may be in use"));
+}
+
+// See Note [Naming the rank that did not arrive]: rank 2 stays alive but never joins the
+// all-reduce; both ranks that waited for it name it, and only it.
+TEST(ProcessGroup, ACollectiveTimeoutNamesTheRankThatDidNotArrive) {
+  std::promise<void> reported;
+  std::shared_future<void> done = reported.get_future().share();
+  std::atomic<int> waiting{2};
+  std::vector<std::string> messages(3);
+  run_ranks(
+      3,
+      [&](int64_t rank, ProcessGroup& pg) {
+        if (rank == 2) {
+          ASSERT_EQ(done.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+          return;
+        }
+        torch::Tensor t = torch::ones({4});
+        messages[rank] = testing::error_message([&] { pg.all_reduce(t); });
+        if (--waiting == 0) reported.set_value();
+      },
+      std::chrono::milliseconds(1000));
+  for (int64_t rank : {0, 1}) {
+    EXPECT_THAT(messages[rank], HasSubstr("all_reduce failed on rank " + std::to_string(rank) + " of 3 (timeout 1 s)"));
+    EXPECT_THAT(messages[rank], HasSubstr("Rank 2 did not sign in within 1 s of the failure: it stalled"));
+    EXPECT_THAT(messages[rank], HasSubstr("lockstep train --timeout"));
+  }
 }
 
 }  // namespace

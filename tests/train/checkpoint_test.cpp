@@ -176,6 +176,30 @@ TEST(StateDict, LoadsPythonStyleDictWithDdpPrefixAndNamesMismatches) {
               HasSubstr("'fc1.bias' has shape [3] but the model's has shape"));
 }
 
+TEST(StateDict, NonFiniteWeightsAreRefusedNamingTheTensorAndTheCount) {
+  auto a = models::make_model("mlp");
+  c10::Dict<std::string, torch::Tensor> poisoned;
+  for (auto& [k, v] : models::state_dict(*a)) poisoned.insert(k, k == "fc1.weight" ? v.clone() : v);
+  auto w = poisoned.at("fc1.weight");
+  w.view(-1)[0] = NAN;
+  w.view(-1)[5] = INFINITY;
+  EXPECT_THAT(testing::error_message([&] { models::load_state_dict(*models::make_model("mlp"), poisoned, "'p.pt'"); }),
+              HasSubstr("'p.pt': 'fc1.weight' holds 2 non-finite values (NaN or inf) of " +
+                        std::to_string(w.numel())));
+}
+
+// A whole checkpoint, lockstep's or Python's {"model": ..., "optimizer": ...}, gives its model entry,
+// so a checkpoint of another run can start a new one (--init-weights).
+TEST(StateDict, ACheckpointGivesItsModelEntry) {
+  testing::TempDir dir;
+  Trained t;
+  save_checkpoint(sample_checkpoint(t), dir / "c.pt");
+  auto fresh = models::make_model("mlp");
+  models::load_state_dict_file(*fresh, dir / "c.pt");
+  auto pa = t.model->parameters(), pb = fresh->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i]));
+}
+
 const std::string kCli = LOCKSTEP_CLI;
 
 bool has_temporary_file(const std::string& dir) {

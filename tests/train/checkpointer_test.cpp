@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "../dist/multi_rank.h"
+#include "lockstep/core/atomic_file.h"
 #include "../test_util.h"
 #include "lockstep/models/mlp.h"
 #include "lockstep/optim/optimizer.h"
@@ -43,12 +46,15 @@ std::unique_ptr<parallel::Strategy> adam_strategy(int steps) {
 }
 
 TEST(Checkpointer, IsDueEverySaveEverySteps) {
+  testing::TempDir dir;
   EXPECT_FALSE(Checkpointer(CheckpointerOptions().save_every(3), run_of("mlp"), nullptr).due(3));  // no directory
-  Checkpointer every3(CheckpointerOptions().dir("/tmp/x").save_every(3), run_of("mlp"), nullptr);
-  EXPECT_TRUE(every3.due(3));
-  EXPECT_FALSE(every3.due(4));
-  EXPECT_TRUE(every3.due(6));
-  EXPECT_FALSE(Checkpointer(CheckpointerOptions().dir("/tmp/x"), run_of("mlp"), nullptr).due(3));  // epoch ends only
+  {
+    Checkpointer every3(CheckpointerOptions().dir(dir.path()).save_every(3), run_of("mlp"), nullptr);
+    EXPECT_TRUE(every3.due(3));
+    EXPECT_FALSE(every3.due(4));
+    EXPECT_TRUE(every3.due(6));
+  }
+  EXPECT_FALSE(Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr).due(3));  // epoch ends only
 }
 
 // Saves keep the newest K; "latest" finds the newest, and restoring it gives a fresh strategy the
@@ -56,12 +62,14 @@ TEST(Checkpointer, IsDueEverySaveEverySteps) {
 TEST(Checkpointer, ResumesTheNewestOfTheLastKWithOptimizerStateAndRng) {
   testing::TempDir dir;
   auto trained = adam_strategy(2);
-  Checkpointer writer(CheckpointerOptions().dir(dir.path()).keep_last(2), run_of("mlp"), nullptr);
-  for (int64_t step : {1, 2, 3}) {
-    TrainingPosition at;
-    at.step = step;
-    writer.save(at, *trained);
-  }
+  {
+    Checkpointer writer(CheckpointerOptions().dir(dir.path()).keep_last(2), run_of("mlp"), nullptr);
+    for (int64_t step : {1, 2, 3}) {
+      TrainingPosition at;
+      at.step = step;
+      writer.save(at, *trained);
+    }
+  }  // the writer's run ends, releasing the directory
   const torch::Tensor next_random = torch::rand({4});  // what the RNG gives after the last save
   EXPECT_EQ(list_checkpoints(dir.path()), (std::vector<std::string>{checkpoint_path(dir.path(), 2),
                                                                       checkpoint_path(dir.path(), 3)}));
@@ -84,25 +92,88 @@ TEST(Checkpointer, ResumesTheNewestOfTheLastKWithOptimizerStateAndRng) {
   }
 }
 
-TEST(Checkpointer, LatestWithNoneStartsAfreshAndAnotherRunsOrAFinishedOneIsRefused) {
+// A finished run resumes with nothing left to train (so a restarted command still writes its
+// outputs); asking for fewer epochs than it has done is refused.
+TEST(Checkpointer, LatestWithNoneStartsAfreshAnotherRunIsRefusedAndAFinishedOneLoads) {
   testing::TempDir dir;
   EXPECT_FALSE(Checkpointer(CheckpointerOptions().dir(dir.path()).resume("latest"), run_of("mlp"), nullptr)
                    .load_resume(1)
                    .has_value());
   TrainingPosition done;
-  done.epoch = 1;
+  done.epoch = 2;
   Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr).save(done, *adam_strategy(0));
   EXPECT_THAT(testing::error_message([&] {
                 Checkpointer(CheckpointerOptions().dir(dir.path()).resume("latest"), run_of("convnet"), nullptr)
                     .load_resume(2);
               }),
               HasSubstr("model=mlp in the checkpoint but convnet in this run"));
+  const auto finished =
+      Checkpointer(CheckpointerOptions().dir(dir.path()).resume("latest"), run_of("mlp"), nullptr).load_resume(2);
+  ASSERT_TRUE(finished.has_value());
+  EXPECT_EQ(finished->position.epoch, 2);
   EXPECT_THAT(testing::error_message([&] {
                 Checkpointer(CheckpointerOptions().dir(dir.path()).resume("latest"), run_of("mlp"), nullptr).load_resume(1);
               }),
-              HasSubstr("has completed 1 epochs and --epochs is 1"));
+              HasSubstr("has completed 2 epochs and --epochs is 1"));
   EXPECT_THAT(testing::error_message([] { Checkpointer(CheckpointerOptions().resume("latest"), run_of("mlp"), nullptr); }),
               HasSubstr("--resume latest needs --checkpoint-dir"));
+}
+
+TEST(Checkpointer, ASecondRunOnTheDirectoryIsRefusedNamingTheFirstRunsPid) {
+  testing::TempDir dir;
+  {
+    Checkpointer first(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr);
+    EXPECT_THAT(testing::error_message([&] { Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr); }),
+                ::testing::AllOf(HasSubstr("--checkpoint-dir '" + dir.path() + "' is in use by another run (pid " +
+                                         std::to_string(::getpid()) + " on "),
+                               HasSubstr("its own --checkpoint-dir")));
+  }
+  EXPECT_NO_THROW(Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr));  // released
+}
+
+// Without --resume, a directory that already holds checkpoints would get two runs' files mixed.
+TEST(Checkpointer, StartingAfreshInADirectoryWithCheckpointsIsRefused) {
+  testing::TempDir dir;
+  TrainingPosition at;
+  at.step = 4;
+  Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr).save(at, *adam_strategy(0));
+  EXPECT_THAT(testing::error_message([&] {
+                Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("convnet"), nullptr).load_resume(1);
+              }),
+              ::testing::AllOf(HasSubstr("already holds checkpoints of another run (different settings), up to '" +
+                                       checkpoint_path(dir.path(), 4) + "'"),
+                             HasSubstr("Pass --resume latest to continue that run")));
+  EXPECT_THAT(testing::error_message([&] {
+                Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr).load_resume(1);
+              }),
+              HasSubstr("already holds checkpoints of a run with these same settings"));
+}
+
+// See Note [Falling back to an older checkpoint].
+TEST(Checkpointer, LatestSkipsACorruptNewestCheckpointButANamedOneIsRefused) {
+  testing::TempDir dir;
+  for (int64_t step : {1, 2}) {
+    TrainingPosition at;
+    at.step = step;
+    Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr).save(at, *adam_strategy(step));
+  }
+  std::vector<char> bytes = read_file(checkpoint_path(dir.path(), 2));
+  bytes[bytes.size() / 2] ^= 0x04;  // inside Adam's state or the weights
+  write_file_atomic(checkpoint_path(dir.path(), 2), bytes);
+
+  ::testing::internal::CaptureStderr();
+  Checkpointer latest(CheckpointerOptions().dir(dir.path()).resume("latest"), run_of("mlp"), nullptr);
+  const auto c = latest.load_resume(1);
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(latest.resumed_from(), checkpoint_path(dir.path(), 1));
+  EXPECT_THAT(warnings, ::testing::AllOf(HasSubstr("skipping checkpoint '" + checkpoint_path(dir.path(), 2) + "'"),
+                                       HasSubstr("CRC-32")));
+  EXPECT_THAT(testing::error_message([&] {
+                Checkpointer(CheckpointerOptions().resume(checkpoint_path(dir.path(), 2)), run_of("mlp"), nullptr)
+                    .load_resume(1);
+              }),
+              ::testing::AllOf(HasSubstr(checkpoint_path(dir.path(), 2)), HasSubstr("fails its CRC-32 check")));
 }
 
 // Rank 0 found a checkpoint, rank 1 none (no shared directory): both refuse to train.
@@ -111,9 +182,11 @@ TEST(Checkpointer, RanksThatWouldResumeAtDifferentStepsBothRefuse) {
   TrainingPosition at;
   at.step = 5;
   Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr).save(at, *adam_strategy(0));
+  testing::TempDir elsewhere;  // rank 1's own, empty directory
   std::vector<std::string> messages(2);
   testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-    Checkpointer c(CheckpointerOptions().dir(dir.path()).resume(rank == 0 ? "latest" : ""), run_of("mlp"), &group);
+    Checkpointer c(CheckpointerOptions().dir(rank == 0 ? dir.path() : elsewhere.path()).resume("latest"),
+                   run_of("mlp"), &group);
     auto strategy = adam_strategy(0);
     messages[rank] = testing::error_message([&] { c.restore(c.load_resume(2), *strategy); });
   });

@@ -54,12 +54,16 @@ class ProcessGroup {
   // The mean of a scalar over all ranks (the reduce_tensor helper of PyTorch DDP scripts).
   double average(double value);
 
-  // Waits for `work` within the group's timeout; failures name this rank and `what`.
+  // Waits for `work` within the group's timeout; failures name this rank, `what`, and the ranks
+  // that stalled or died (see Note [Naming the rank that did not arrive]).
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what);
 
   c10d::ProcessGroup& backend() { return *backend_; }
 
  private:
+  // Which ranks are still alive after a failed collective, as a sentence for its error.
+  std::string roll_call();
+
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> backend_;
   std::chrono::milliseconds timeout_;

@@ -4,10 +4,10 @@
 #include <torch/arg.h>
 
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <string>
 
+#include "lockstep/launch/unique_fd.h"
 #include "lockstep/log/tensorboard.h"
 
 namespace lockstep::log {
@@ -19,8 +19,9 @@ struct RunLogOptions {
 };
 
 // A run's record on rank 0: events as JSON lines and scalars for TensorBoard. Other ranks make an
-// empty RunLog (default options), on which every call does nothing. A failed TensorBoard write (a
-// full disk) stops TensorBoard logging with one error message rather than the run.
+// empty RunLog (default options), on which every call does nothing. A failed write (a full disk)
+// stops that log with one error message rather than the run; the JSON lines file then ends with
+// its last complete line, never half of one.
 class RunLog {
  public:
   RunLog() = default;
@@ -33,8 +34,10 @@ class RunLog {
 
  private:
   void stop_tensorboard(const c10::Error& e);
+  void stop_jsonl(const char* why);
 
-  std::ofstream jsonl_;
+  std::string jsonl_path_;
+  launch::UniqueFd jsonl_;
   std::unique_ptr<SummaryWriter> tensorboard_;
 };
 

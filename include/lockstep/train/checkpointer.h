@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "lockstep/core/directory_lock.h"
 #include "lockstep/dist/process_group.h"
 #include "lockstep/parallel/strategy.h"
 #include "lockstep/train/checkpoint.h"
@@ -23,7 +24,8 @@ struct CheckpointerOptions {
 // When a run checkpoints, what a checkpoint holds, and how a run resumes from one. A checkpoint
 // holds the position, the run's settings, the strategy's model and training state, and every
 // rank's RNG, so a resumed run continues bit for bit. Rank 0 writes, atomically; a failed write
-// is reported and training goes on with the previous checkpoint intact. Methods marked collective
+// is reported and training goes on with the previous checkpoint intact. Rank 0 holds a lock on
+// the directory for the whole run, so a second run on it is refused. Methods marked collective
 // must be called on every rank of the group.
 class Checkpointer {
  public:
@@ -33,7 +35,10 @@ class Checkpointer {
 
   // The checkpoint options().resume() names, checked against this run's settings and its `epochs`;
   // nullopt when not resuming, or when "latest" finds no checkpoint yet (a first start under a
-  // restart loop). Load its model weights into the module before making the strategy.
+  // restart loop). "latest" and a directory fall back to the newest checkpoint that reads,
+  // warning about each one skipped. Not resuming, a directory that already holds checkpoints is
+  // refused (another run's, or this run's that a fresh start would mix with its own). Load the
+  // checkpoint's model weights into the module before making the strategy.
   std::optional<Checkpoint> load_resume(int64_t epochs);
   // Collective. The strategy's training state and this rank's RNG from `checkpoint`, and the
   // position to continue from (the start without one); every rank must resume at the same step.
@@ -50,12 +55,16 @@ class Checkpointer {
 
  private:
   void check_same_position_on_all_ranks(const TrainingPosition& position);
+  // The newest checkpoint in `dir` that loads, or nullopt when it has none; sets `path` to it.
+  std::optional<Checkpoint> load_newest_readable(const std::string& dir, std::string& path);
+  void refuse_existing_checkpoints();
 
   CheckpointerOptions options_;
   c10::impl::GenericDict run_;
   dist::ProcessGroup* group_;
   int64_t rank_;
   std::string resumed_from_;
+  DirectoryLock lock_;  // rank 0's, on options_.dir()
 };
 
 }  // namespace lockstep::train

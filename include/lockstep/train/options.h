@@ -34,6 +34,7 @@ struct TrainOptions {
   TORCH_ARG(int64_t, batch_size) = 100;                  // per process
   TORCH_ARG(uint64_t, seed) = 0;                         // model init and data order
   TORCH_ARG(int64_t, threads) = 0;                       // intra-op threads; 0: default_intra_op_threads()
+  TORCH_ARG(double, timeout) = 300.0;                    // seconds the rendezvous and each collective may take
   TORCH_ARG(std::string, save_model) = "";               // final state dict, readable by torch.load
   TORCH_ARG(bool, progress) = true;                      // progress display on stdout
   // unset: ddp under a launcher (WORLD_SIZE > 1), local otherwise.
