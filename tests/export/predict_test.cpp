@@ -60,20 +60,30 @@ TEST(Predict, ConfusionMatrixCountsTrueAgainstPredictedClasses) {
 
 class PredictCli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    // A briefly trained mlp, so that accuracy is far from chance and the confusion matrix is not flat.
-    const auto r = testing::run_command(kCli + " train --quiet --model mlp --limit 2000 --batch-size 50 --save-model " +
-                                        weights());
-    ASSERT_EQ(r.exit_code, 0) << r.output;
+  // A briefly trained mlp, so that accuracy is far from chance and the confusion matrix is not
+  // flat; trained once for the suite.
+  static void SetUpTestSuite() {
+    weights_dir_ = new testing::TempDir();
+    train_output_ = new testing::CommandResult(testing::run_command(
+        kCli + " train --quiet --model mlp --limit 2000 --batch-size 50 --save-model " + (*weights_dir_ / "mlp.pt")));
   }
-  std::string weights() const { return dir_ / "mlp.pt"; }
+  static void TearDownTestSuite() {
+    delete weights_dir_;
+    delete train_output_;
+  }
+  void SetUp() override { ASSERT_EQ(train_output_->exit_code, 0) << train_output_->output; }
+  std::string weights() const { return *weights_dir_ / "mlp.pt"; }
   nlohmann::json predict_json(const std::string& args) {
     const auto r = testing::run_command(kCli + " predict --model mlp --weights " + weights() + " --json " + args);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return nlohmann::json::parse(testing::last_json_line(r.output));
   }
   testing::TempDir dir_;
+  static testing::TempDir* weights_dir_;
+  static testing::CommandResult* train_output_;
 };
+testing::TempDir* PredictCli::weights_dir_ = nullptr;
+testing::CommandResult* PredictCli::train_output_ = nullptr;
 
 TEST_F(PredictCli, AccuracyAndConfusionMatrixAgreeWithThePredictorsEvaluation) {
   const auto j = predict_json("--limit 1000 --batch-size 64");
