@@ -1,0 +1,109 @@
+// `lockstep predict`: a trained reference model on a data split or on image files: accuracy, the
+// confusion matrix, latency percentiles and throughput, in fp32 or bf16.
+#include <c10/util/StringUtil.h>
+#include <torch/torch.h>
+
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "lockstep/core/names.h"
+#include "lockstep/core/process.h"
+#include "lockstep/export/image_files.h"
+#include "lockstep/export/prediction_report.h"
+#include "lockstep/export/weights_file.h"
+#include "lockstep/infer/predictor.h"
+#include "lockstep/models/zoo.h"
+#include "lockstep/train/options.h"
+
+namespace lockstep::cli {
+
+namespace {
+
+struct PredictArgs {
+  std::string model = "convnet";
+  std::string weights;
+  std::string data = "fashion-mnist";
+  std::string data_dir = data::kDefaultFashionMnistDir;
+  std::string split = "test";
+  int64_t limit = 0;
+  std::string images, labels;
+  int64_t batch_size = 64;
+  int64_t warmup = 2;
+  std::string precision = "fp32";
+  int64_t threads = 0;
+  bool json = false;
+};
+
+data::Dataset load_dataset(const PredictArgs& a) {
+  auto o = train::TrainOptions().model(a.model).data_dir(a.data_dir).data(
+      enum_from_name<train::DataSource>(train::data_source_names(), a.data, "--data"));
+  if (a.images.empty()) {
+    const train::DataSplits splits = train::load_data(o);
+    return (a.split == "train" ? splits.train : splits.test).take(a.limit);
+  }
+  // Files: normalised as the --data source is (the training data's statistics).
+  const data::Dataset reference = o.data() == train::DataSource::kSynthetic
+                                      ? data::make_synthetic(data::SyntheticOptions().size(1))
+                                      : data::load_fashion_mnist(a.data_dir, data::Split::kTest);
+  return exporting::load_image_files(a.images, a.labels, models::input_shape(a.model), reference.mean,
+                                     reference.stddev)
+      .take(a.limit);
+}
+
+int run_predict(const PredictArgs& a) {
+  TORCH_CHECK_VALUE(a.labels.empty() || !a.images.empty(), "--labels '", a.labels, "' needs --images");
+  torch::set_num_threads(a.threads > 0 ? static_cast<int>(a.threads) : default_intra_op_threads());
+  auto model = models::make_model(a.model);
+  const exporting::WeightsSource source = exporting::load_weights(*model, a.model, a.weights);
+  const data::Dataset dataset = load_dataset(a);
+  auto options = infer::PredictorOptions().batch_size(a.batch_size);
+  if (a.precision == "bf16") options.autocast(torch::kBFloat16);
+  infer::Predictor predictor(torch::nn::AnyModule(model), options);
+  const auto report = exporting::predict(
+      predictor, dataset, exporting::PredictOptions().batch_size(a.batch_size).warmup(a.warmup).labelled(
+                              a.images.empty() || !a.labels.empty()));
+  if (a.json) {
+    nlohmann::json j = report.to_json();
+    j["model"] = a.model;
+    j["weights"] = a.weights;
+    j["weights_kind"] = source.kind;
+    j["precision"] = a.precision;
+    j["threads"] = torch::get_num_threads();
+    std::cout << j.dump() << std::endl;
+  } else {
+    std::cout << a.model << " from " << source.kind << " '" << a.weights << "', " << a.precision << ", "
+              << torch::get_num_threads() << " thread(s), " << report.samples << " samples\n"
+              << report.to_text();
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_predict_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand(
+      "predict", "Run a trained model on a data split or image files: accuracy, confusion matrix, latency");
+  cmd->option_defaults()->always_capture_default();
+  auto a = std::make_shared<PredictArgs>();
+  const auto& models = models::model_names();
+  cmd->add_option("--model", a->model, "Reference model: " + c10::Join(", ", models))->check(CLI::IsMember(models));
+  cmd->add_option("--weights", a->weights, "Weights: a --save-model file, a checkpoint, or torch.save(model.state_dict())")
+      ->required();
+  cmd->add_option("--data", a->data, "Dataset (synthetic: seeded random images)")
+      ->check(CLI::IsMember(train::data_source_names()));
+  cmd->add_option("--data-dir", a->data_dir, "Directory with the Fashion-MNIST IDX files");
+  cmd->add_option("--split", a->split, "Which split of --data")->check(CLI::IsMember({"test", "train"}));
+  cmd->add_option("--images", a->images, "Predict on this file instead: IDX (gzipped or not) or raw uint8 pixels");
+  cmd->add_option("--labels", a->labels, "Labels of --images: IDX or raw uint8 (without: no accuracy)");
+  cmd->add_option("--limit", a->limit, "Only the first N samples (0: all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch-size", a->batch_size, "Samples per forward (the batch latency is measured at)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", a->warmup, "Batches left out of the timings")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--precision", a->precision, "fp32, or bf16 (autocast)")->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--threads", a->threads, "Intra-op threads (0: automatic)")->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--json", a->json, "Print one JSON object instead of the text report");
+  return {cmd, [a] { return run_predict(*a); }};
+}
+
+}  // namespace lockstep::cli
