@@ -3,14 +3,11 @@
 #include <onnx/checker.h>
 #include <onnx/shape_inference/implementation.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
 #include <sstream>
 
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/output_path.h"
 #include "lockstep/export/fold_batch_norm.h"
 
 namespace lockstep::exporting {
@@ -140,21 +137,8 @@ void save_model(const onnx::ModelProto& model, const std::string& path) {
 }
 
 void check_output_path(const std::string& flag, const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
   TORCH_CHECK_VALUE(!path.empty(), flag, " is empty; give the file to write");
-  TORCH_CHECK_VALUE(!fs::is_directory(path, ec), flag, " '", path, "' is a directory; give a file path");
-  const fs::path dir = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
-  const char* why = nullptr;
-  if (!fs::exists(dir, ec)) {
-    why = "it does not exist";
-  } else if (!fs::is_directory(dir, ec)) {
-    why = "it is not a directory";
-  } else if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    why = std::strerror(errno);
-  }
-  TORCH_CHECK_VALUE(why == nullptr, flag, " '", path, "': cannot create files in '", dir.string(), "' (", why,
-                    "); give a path in a writable directory");
+  check_output_file(flag, path);
 }
 
 }  // namespace lockstep::exporting

@@ -47,6 +47,33 @@ int64_t step_of(const std::string& name) {
   return std::stoll(digits);
 }
 
+
+// The entries of an unpickled checkpoint; see load_checkpoint.
+Checkpoint parse_checkpoint(const IValue& top_value, const std::string& source) {
+  const GenericDict top = as_dict(top_value, source);
+  const IValue format = entry(top, "format", source);
+  TORCH_CHECK(format.isString() && format.toStringRef() == kFormat, source, " has format ",
+              format.isString() ? "'" + format.toStringRef() + "'" : format.tagKind(), "; this lockstep reads '",
+              kFormat, "'");
+
+  Checkpoint c;
+  const GenericDict position = as_dict(entry(top, "position", source), source + " position");
+  c.position.epoch = entry(position, "epoch", source).toInt();
+  c.position.micro_batch = entry(position, "micro_batch", source).toInt();
+  c.position.step = entry(position, "step", source).toInt();
+  c.position.skipped_steps = entry(position, "skipped_steps", source).toInt();
+  c.position.consecutive_skips = entry(position, "consecutive_skips", source).toInt();
+  c.position.epoch_loss_sum = entry(position, "epoch_loss_sum", source).toDouble();
+  c.position.epoch_steps = entry(position, "epoch_steps", source).toInt();
+  for (const auto& item : as_dict(entry(top, "run", source), source + " run"))
+    c.run.insert(item.key().toStringRef(), item.value());
+  c.model = entry(top, "model", source);
+  c.optimizer = entry(top, "optimizer", source);
+  c.scaler = entry(top, "scaler", source);
+  for (const IValue& t : entry(top, "rng", source).toListRef()) c.rng.push_back(t.toTensor());
+  return c;
+}
+
 }  // namespace
 
 GenericDict string_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
@@ -85,28 +112,15 @@ Checkpoint load_checkpoint(const std::string& path) {
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "cannot read ", source, " (corrupt or not a checkpoint): ", e.what());
   }
-  const GenericDict top = as_dict(top_value, source);
-  const IValue format = entry(top, "format", source);
-  TORCH_CHECK(format.isString() && format.toStringRef() == kFormat, source, " has format ",
-              format.isString() ? "'" + format.toStringRef() + "'" : format.tagKind(), "; this lockstep reads '",
-              kFormat, "'");
-
-  Checkpoint c;
-  const GenericDict position = as_dict(entry(top, "position", source), source + " position");
-  c.position.epoch = entry(position, "epoch", source).toInt();
-  c.position.micro_batch = entry(position, "micro_batch", source).toInt();
-  c.position.step = entry(position, "step", source).toInt();
-  c.position.skipped_steps = entry(position, "skipped_steps", source).toInt();
-  c.position.consecutive_skips = entry(position, "consecutive_skips", source).toInt();
-  c.position.epoch_loss_sum = entry(position, "epoch_loss_sum", source).toDouble();
-  c.position.epoch_steps = entry(position, "epoch_steps", source).toInt();
-  for (const auto& item : as_dict(entry(top, "run", source), source + " run"))
-    c.run.insert(item.key().toStringRef(), item.value());
-  c.model = entry(top, "model", source);
-  c.optimizer = entry(top, "optimizer", source);
-  c.scaler = entry(top, "scaler", source);
-  for (const IValue& t : entry(top, "rng", source).toListRef()) c.rng.push_back(t.toTensor());
-  return c;
+  // Entries of the wrong type (a damaged file that still unpickles) fail in LibTorch's IValue
+  // accessors, whose messages do not say which file: add it.
+  try {
+    return parse_checkpoint(top_value, source);
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    if (what.find(source) != std::string::npos) throw;
+    TORCH_CHECK(false, source, " is corrupt or not a lockstep checkpoint: ", what);
+  }
 }
 
 void check_same_run(const Checkpoint& c, const GenericDict& run, const std::string& path) {

@@ -1,14 +1,10 @@
 #include "lockstep/train/options.h"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
 
 #include "lockstep/core/names.h"
+#include "lockstep/core/output_path.h"
 #include "lockstep/core/process.h"
 #include "lockstep/models/zoo.h"
 #include "lockstep/train/checkpoint.h"
@@ -18,42 +14,6 @@ namespace {
 
 constexpr int64_t kSyntheticTrainSize = 10000;
 constexpr int64_t kSyntheticTestSize = 2000;
-
-namespace fs = std::filesystem;
-
-// Throws naming `flag`, `path` and why, unless `dir` is an existing directory this process may
-// create files in.
-void check_writable_directory(const char* flag, const std::string& path, const fs::path& dir) {
-  std::error_code ec;
-  const char* why = nullptr;
-  if (!fs::exists(dir, ec)) {
-    why = "it does not exist";
-  } else if (!fs::is_directory(dir, ec)) {
-    why = "it is not a directory";
-  } else if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    why = std::strerror(errno);
-  }
-  TORCH_CHECK_VALUE(why == nullptr, flag, " '", path, "': cannot create files in '", dir.string(), "' (", why,
-                    "); give a path in a writable directory");
-}
-
-// A file `flag` will write at the end of the run: its directory must take it.
-void check_output_file(const char* flag, const std::string& path) {
-  if (path.empty()) return;
-  std::error_code ec;
-  TORCH_CHECK_VALUE(!fs::is_directory(path, ec), flag, " '", path, "' is a directory; give a file path");
-  const fs::path parent = fs::path(path).parent_path();
-  check_writable_directory(flag, path, parent.empty() ? fs::path(".") : parent);
-}
-
-// A directory `flag` will fill: created now (as the run would), then checked.
-void check_output_directory(const char* flag, const std::string& path) {
-  if (path.empty()) return;
-  std::error_code ec;
-  fs::create_directories(path, ec);
-  TORCH_CHECK_VALUE(!ec, flag, " '", path, "': cannot create it (", ec.message(), "); give a path in a writable directory");
-  check_writable_directory(flag, path, path);
-}
 
 }  // namespace
 

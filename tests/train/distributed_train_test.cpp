@@ -98,8 +98,11 @@ TEST(DistributedTrain, NanLossOnOneRankSkipsTheStepOnBothRanks) {
 }
 
 // Adam and AdamW through the ddp strategy: 2 ranks x B == 1 process x 2B (the optimizers see the
-// same averaged gradients), within 1e-5 (fp32 sums in another order, amplified a little by Adam's
-// division by sqrt(v)).
+// same averaged gradients), within 1e-4, 5% of one step at lr 0.002. The gradients differ by
+// rounding only (OpenBLAS blocks a batch of 20 and one of 40 differently), but Adam divides each
+// gradient by its own running scale, so a weight whose gradient nearly cancels can move by a good
+// part of lr on rounding alone; with the reference BLAS the difference was under 1e-5, with
+// OpenBLAS it is 2.5e-5.
 TEST(DistributedTrain, AdamAndAdamWOnTwoRanksEndWhereOneProcessWithDoubleBatchEnds) {
   for (const std::string optimizer : {"adam", "adamw"}) {
     testing::TempDir dir;
@@ -113,7 +116,7 @@ TEST(DistributedTrain, AdamAndAdamWOnTwoRanksEndWhereOneProcessWithDoubleBatchEn
     auto a = load_state(dir / "two.pt"), b = load_state(dir / "one.pt");
     for (const auto& entry : a) {
       const torch::Tensor ta = entry.value().toTensor(), tb = b.at(entry.key()).toTensor();
-      EXPECT_LE((ta - tb).abs().max().item<double>(), 1e-5) << optimizer << " " << entry.key().toStringRef();
+      EXPECT_LE((ta - tb).abs().max().item<double>(), 1e-4) << optimizer << " " << entry.key().toStringRef();
     }
   }
 }
