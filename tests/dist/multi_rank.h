@@ -36,14 +36,15 @@ inline dist::InitOptions loopback(int64_t rank, int64_t world, int port,
 }
 
 // Calls body(rank, group) on `world` threads and rethrows the first failure.
-inline void run_ranks(int64_t world, const std::function<void(int64_t, dist::ProcessGroup&)>& body) {
+inline void run_ranks(int64_t world, const std::function<void(int64_t, dist::ProcessGroup&)>& body,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
   const int port = free_port();
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;
   for (int64_t r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto group = dist::init_process_group(loopback(r, world, port));
+        auto group = dist::init_process_group(loopback(r, world, port, timeout));
         body(r, *group);
       } catch (...) {
         errors[r] = std::current_exception();
