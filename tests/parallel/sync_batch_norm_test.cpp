@@ -113,7 +113,7 @@ void expect_equal_to_batch_norm_on_the_whole_batch(const std::vector<int64_t>& s
     }
     EXPECT_LE(max_diff(bn->running_mean, ref.running_mean), kTol) << where;
     EXPECT_LE(max_diff(bn->running_var, ref.running_var), kTol) << where;
-    EXPECT_EQ(bn->num_batches_tracked.item<int64_t>(), ref.num_batches_tracked.item<int64_t>()) << where;
+    EXPECT_TRUE(torch::equal(bn->num_batches_tracked, ref.num_batches_tracked)) << where;
     const auto means = pg.all_gather(bn->running_mean), vars = pg.all_gather(bn->running_var);
     for (int64_t r = 1; r < world; ++r) {
       EXPECT_TRUE(torch::equal(means[r], means[0])) << where << ": running_mean differs on rank " << r;
@@ -226,14 +226,23 @@ TEST(SyncBatchNorm, O2KeepsSyncBatchNormInFp32) {
   });
 }
 
+struct TwoNormsImpl : nn::Module {
+  explicit TwoNormsImpl(dist::ProcessGroup& pg)
+      : plain(register_module("plain", nn::BatchNorm1d(3))),
+        sync(register_module("sync", SyncBatchNorm1d(nn::BatchNormOptions(3), pg))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return sync->forward(plain->forward(x)); }
+  nn::BatchNorm1d plain;
+  SyncBatchNorm1d sync;
+};
+
 // DDP broadcasts rank 0's plain BatchNorm buffers before each forward but leaves SyncBatchNorm's,
 // which are equal on every rank already: a difference planted there on rank 1 survives.
 TEST(SyncBatchNorm, DistributedDataParallelDoesNotBroadcastItsBuffers) {
   run_ranks(2, [](int64_t rank, dist::ProcessGroup& pg) {
-    auto model = nn::Sequential(nn::BatchNorm1d(3), SyncBatchNorm1d(nn::BatchNormOptions(3), pg));
-    DistributedDataParallel ddp(model.ptr(), pg);
-    auto plain = model->ptr(0)->as<nn::BatchNorm1d>();
-    auto sync = std::dynamic_pointer_cast<SyncBatchNorm1dImpl>(model->ptr(1));
+    auto model = std::make_shared<TwoNormsImpl>(pg);
+    DistributedDataParallel ddp(model, pg);
+    auto& plain = model->plain;
+    auto& sync = model->sync;
     if (rank == 1) {
       plain->running_mean.fill_(5);
       sync->running_mean.fill_(5);
