@@ -25,8 +25,9 @@ namespace lockstep::parallel {
 // one; the unbiased variance), computed from the same global numbers on every rank, so they stay
 // identical without a broadcast (DistributedDataParallel skips SyncBatchNorm's buffers).
 // Eval mode (and a group of one rank) runs BatchNorm itself on the local batch, with no
-// communication: running statistics, or without them the local batch's. Every rank must run the same number of training forwards and
-// backwards through each layer (the collectives pair up across ranks), as with PyTorch's.
+// communication: running statistics, or without them the local batch's. Every rank must run the
+// same number of training forwards and backwards through each layer (the collectives pair up
+// across ranks), as with PyTorch's.
 // SyncBatchNorm{1,2,3}dImpl derive from BatchNorm{1,2,3}dImpl, as Python's SyncBatchNorm is a
 // _BatchNorm: everything that treats batch norm specially (amp keeps it fp32 at O2, state dicts,
 // input-dimension checks) treats it the same. It must be called through its own type (or an
@@ -37,8 +38,8 @@ class SyncBatchNormImpl : public BatchNormImpl {
   // `group` must outlive the module; its ranks must all hold this layer.
   SyncBatchNormImpl(const torch::nn::BatchNormOptions& options, dist::ProcessGroup& group);
 
-  // x: (N, C, ...) with N >= 0 on this rank; -> x's shape and dtype. Statistics in fp32 or wider
-  // whatever x's dtype (bf16 at O2 and O3).
+  // x: (N, C, ...) with N >= 0 on this rank; -> x's shape and dtype (bf16 at O2 and O3, as
+  // BatchNorm's). Statistics in fp64 and normalisation in fp32 whatever x's dtype.
   torch::Tensor forward(const torch::Tensor& x);
 
   std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& device = c10::nullopt) const override;
