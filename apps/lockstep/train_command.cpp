@@ -61,6 +61,8 @@ Command add_train_command(CLI::App& app) {
                                      "Dataset (synthetic: seeded random images)", "fashion-mnist");
   add_enum_option<parallel::StrategyKind>(cmd, "--strategy", parallel::strategy_names(), [o](auto v) { o->strategy(v); },
                                           "How ranks hold and step the model", "ddp under a launcher, else local");
+  cmd->add_flag("--sync-bn", o->sync_bn(),
+                "SyncBatchNorm: BatchNorm statistics over the global batch of all ranks (needs a launcher)");
   cmd->add_option("--data-dir", o->data_dir(), "Directory with the Fashion-MNIST IDX files");
   cmd->add_option("--limit", o->limit(), "Use only the first N training samples (0: all)")
       ->check(cli::non_negative_count());

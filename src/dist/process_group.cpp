@@ -206,6 +206,57 @@ void ProcessGroup::barrier() {
   }
 }
 
+void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
+  const int64_t n = output.numel();
+  TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(), "reduce_scatter on rank ", rank_, " of ", size_,
+                    ": input is ", input.scalar_type(), " but output is ", output.scalar_type(), "; give both one dtype");
+  TORCH_CHECK_VALUE(n > 0 && input.numel() == n * size_, "reduce_scatter on rank ", rank_, " of ", size_, ": input has ",
+                    input.numel(), " elements and output ", n, "; the input must hold ", size_,
+                    " equal, non-empty chunks (", size_, " x output elements): pad it to a multiple of ", size_);
+  TORCH_CHECK_VALUE(output.is_contiguous(), "reduce_scatter on rank ", rank_, ": output must be contiguous");
+  const bool narrow_float = input.scalar_type() == torch::kBFloat16 || input.scalar_type() == torch::kHalf;
+  torch::NoGradGuard no_grad;
+  torch::Tensor received;  // (N, n): row r is rank r's chunk for this rank
+  if (size_ == 1) {
+    received = input.reshape({1, n});
+  } else {
+    received = torch::empty({size_, n}, input.options());
+    torch::Tensor send = as_wire_words(input.contiguous().reshape({-1}));
+    torch::Tensor recv = as_wire_words(received);
+    std::vector<int64_t> equal_splits;  // empty: N equal chunks
+    wait(backend_->alltoall_base(recv, send, equal_splits, equal_splits), "reduce_scatter");
+  }
+  const torch::Tensor rows = narrow_float ? received.to(torch::kFloat) : received;
+  torch::Tensor reduced;
+  switch (op) {
+    case ReduceOp::kMax: reduced = rows.amax(0); break;
+    case ReduceOp::kMin: reduced = rows.amin(0); break;
+    case ReduceOp::kMean: reduced = rows.sum(0).div_(size_); break;
+    default: reduced = rows.sum(0);
+  }
+  output.view({-1}).copy_(reduced);
+}
+
+void ProcessGroup::all_gather_into(torch::Tensor& output, const torch::Tensor& input) {
+  const int64_t n = input.numel();
+  TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(), "all_gather_into on rank ", rank_, " of ", size_,
+                    ": input is ", input.scalar_type(), " but output is ", output.scalar_type(), "; give both one dtype");
+  TORCH_CHECK_VALUE(n > 0 && output.numel() == n * size_, "all_gather_into on rank ", rank_, " of ", size_, ": input has ",
+                    n, " elements and output ", output.numel(), "; the output must hold ", size_,
+                    " x input elements, and the input at least one");
+  TORCH_CHECK_VALUE(output.is_contiguous(), "all_gather_into on rank ", rank_, ": output must be contiguous");
+  torch::NoGradGuard no_grad;
+  torch::Tensor flat = output.view({-1});
+  if (size_ == 1) {
+    flat.copy_(input.reshape({-1}));
+    return;
+  }
+  std::vector<torch::Tensor> in{as_wire_words(input.contiguous().reshape({-1}))};
+  std::vector<std::vector<torch::Tensor>> outs(1);  // views of `output`: Gloo copies each rank's chunk there
+  for (int64_t r = 0; r < size_; ++r) outs[0].push_back(as_wire_words(flat.narrow(0, r * n, n)));
+  wait(backend_->allgather(outs, in), "all_gather_into");
+}
+
 double ProcessGroup::average(double value) {
   torch::Tensor t = torch::tensor({value}, torch::kFloat64);
   all_reduce(t, ReduceOp::kMean);

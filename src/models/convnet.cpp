@@ -30,17 +30,17 @@ class ChannelsLastMaxPool2dImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ChannelsLastMaxPool2d);
 
-torch::nn::Sequential conv_block(int64_t in, int64_t out) {
+torch::nn::Sequential conv_block(int64_t in, int64_t out, const NormLayer& norm_layer) {
   namespace nn = torch::nn;
   return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 5).stride(1).padding(2)),
-                        nn::BatchNorm2d(out), nn::ReLU(), ChannelsLastMaxPool2d());
+                        norm_layer(out), nn::ReLU(), ChannelsLastMaxPool2d());
 }
 
 }  // namespace
 
-ConvNetImpl::ConvNetImpl(int64_t num_classes) {
-  layer1 = register_module("layer1", conv_block(1, 16));
-  layer2 = register_module("layer2", conv_block(16, 32));
+ConvNetImpl::ConvNetImpl(int64_t num_classes, const NormLayer& norm_layer) {
+  layer1 = register_module("layer1", conv_block(1, 16, norm_layer));
+  layer2 = register_module("layer2", conv_block(16, 32, norm_layer));
   fc = register_module("fc", torch::nn::Linear(7 * 7 * 32, num_classes));
 }
 

@@ -8,42 +8,45 @@ nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
   return nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
 }
 
-nn::Sequential stage(int64_t in_planes, int64_t planes, int64_t stride) {
-  return nn::Sequential(BasicBlock(in_planes, planes, stride), BasicBlock(planes, planes, 1));
+nn::Sequential stage(int64_t in_planes, int64_t planes, int64_t stride, const NormLayer& norm_layer) {
+  return nn::Sequential(BasicBlock(in_planes, planes, stride, norm_layer), BasicBlock(planes, planes, 1, norm_layer));
 }
 
 }  // namespace
 
-BasicBlockImpl::BasicBlockImpl(int64_t in_planes, int64_t planes, int64_t stride) {
+BasicBlockImpl::BasicBlockImpl(int64_t in_planes, int64_t planes, int64_t stride, const NormLayer& norm_layer) {
   conv1 = register_module("conv1", conv(in_planes, planes, 3, stride));
-  bn1 = register_module("bn1", nn::BatchNorm2d(planes));
+  bn1 = norm_layer(planes);
+  register_module("bn1", bn1.ptr());
   conv2 = register_module("conv2", conv(planes, planes, 3, 1));
-  bn2 = register_module("bn2", nn::BatchNorm2d(planes));
+  bn2 = norm_layer(planes);
+  register_module("bn2", bn2.ptr());
   if (stride != 1 || in_planes != planes) {
     downsample = register_module(
-        "downsample", nn::Sequential(conv(in_planes, planes, 1, stride), nn::BatchNorm2d(planes)));
+        "downsample", nn::Sequential(conv(in_planes, planes, 1, stride), norm_layer(planes)));
   }
 }
 
 torch::Tensor BasicBlockImpl::forward(torch::Tensor x) {
-  torch::Tensor out = torch::relu(bn1->forward(conv1->forward(x)));
-  out = bn2->forward(conv2->forward(out));
+  torch::Tensor out = torch::relu(bn1.forward(conv1->forward(x)));
+  out = bn2.forward(conv2->forward(out));
   out += downsample ? downsample->forward(x) : x;
   return torch::relu(out);
 }
 
-ResNet18Impl::ResNet18Impl(int64_t num_classes) {
+ResNet18Impl::ResNet18Impl(int64_t num_classes, const NormLayer& norm_layer) {
   conv1 = register_module("conv1", conv(3, 64, 3, 1));
-  bn1 = register_module("bn1", nn::BatchNorm2d(64));
-  layer1 = register_module("layer1", stage(64, 64, 1));
-  layer2 = register_module("layer2", stage(64, 128, 2));
-  layer3 = register_module("layer3", stage(128, 256, 2));
-  layer4 = register_module("layer4", stage(256, 512, 2));
+  bn1 = norm_layer(64);
+  register_module("bn1", bn1.ptr());
+  layer1 = register_module("layer1", stage(64, 64, 1, norm_layer));
+  layer2 = register_module("layer2", stage(64, 128, 2, norm_layer));
+  layer3 = register_module("layer3", stage(128, 256, 2, norm_layer));
+  layer4 = register_module("layer4", stage(256, 512, 2, norm_layer));
   fc = register_module("fc", nn::Linear(512, num_classes));
 }
 
 torch::Tensor ResNet18Impl::forward(torch::Tensor x) {
-  x = torch::relu(bn1->forward(conv1->forward(x)));
+  x = torch::relu(bn1.forward(conv1->forward(x)));
   x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
   return fc->forward(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
 }

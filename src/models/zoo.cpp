@@ -24,12 +24,17 @@ std::vector<int64_t> input_shape(const std::string& name) {
   return {1, 28, 28};
 }
 
-std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_classes) {
+bool has_norm_layers(const std::string& name) {
+  check_model_name(name);
+  return name != "mlp";
+}
+
+std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_classes, const NormLayer& norm_layer) {
   check_model_name(name);
   TORCH_CHECK_VALUE(num_classes >= 1, "num_classes=", num_classes, " must be at least 1");
-  if (name == "convnet") return std::make_shared<ConvNetImpl>(num_classes);
+  if (name == "convnet") return std::make_shared<ConvNetImpl>(num_classes, norm_layer);
   if (name == "mlp") return std::make_shared<MLPImpl>(784, 256, num_classes);
-  return std::make_shared<ResNet18Impl>(num_classes);
+  return std::make_shared<ResNet18Impl>(num_classes, norm_layer);
 }
 
 }  // namespace lockstep::models

@@ -5,6 +5,8 @@
 
 #include <sstream>
 
+#include "lockstep/parallel/sync_batch_norm.h"
+
 namespace lockstep::parallel {
 namespace {
 
@@ -104,9 +106,20 @@ DistributedDataParallel::DistributedDataParallel(torch::nn::AnyModule module, di
 
 DistributedDataParallel::~DistributedDataParallel() = default;
 
+// Every buffer but SyncBatchNorm's, whose running statistics are equal on every rank already
+// (see Note [SyncBatchNorm]).
+std::vector<torch::Tensor> DistributedDataParallel::buffers_to_broadcast() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& m : module_->modules()) {
+    if (is_sync_batch_norm(*m)) continue;
+    for (const auto& b : m->buffers(/*recurse=*/false)) out.push_back(b);
+  }
+  return out;
+}
+
 void DistributedDataParallel::pre_forward() {
   if (options_.broadcast_buffers() && module_->is_training() && torch::GradMode::is_enabled())
-    broadcast_from_rank0(group_, module_->buffers());
+    broadcast_from_rank0(group_, buffers_to_broadcast());
 }
 
 void DistributedDataParallel::post_forward(const torch::Tensor& out) {

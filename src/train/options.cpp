@@ -1,5 +1,7 @@
 #include "lockstep/train/options.h"
 
+#include <c10/util/StringUtil.h>
+
 #include <cmath>
 #include <cstdlib>
 
@@ -7,6 +9,7 @@
 #include "lockstep/core/output_path.h"
 #include "lockstep/core/process.h"
 #include "lockstep/models/zoo.h"
+#include "lockstep/parallel/sync_batch_norm.h"
 #include "lockstep/train/checkpoint.h"
 
 namespace lockstep::train {
@@ -85,6 +88,13 @@ c10::impl::GenericDict TrainOptions::run_settings(int64_t world_size) const {
 
 void TrainOptions::validate() const {
   models::check_model_name(model());
+  if (sync_bn() && !models::has_norm_layers(model())) {
+    std::vector<std::string> with_bn;
+    for (const auto& name : models::model_names())
+      if (models::has_norm_layers(name)) with_bn.push_back(name);
+    TORCH_CHECK_VALUE(false, "--sync-bn: model '", model(), "' has no BatchNorm layer to synchronise; choose one that has (",
+                      c10::Join(", ", with_bn), ") or drop --sync-bn");
+  }
   TORCH_CHECK_VALUE(limit() >= 0, "limit=", limit(), " must be >= 0 (0 means all samples)");
   TORCH_CHECK_VALUE(epochs() >= 1, "epochs=", epochs(), " must be at least 1");
   TORCH_CHECK_VALUE(batch_size() >= 1, "batch size ", batch_size(), " must be at least 1");
@@ -154,6 +164,14 @@ optim::OptimizerOptions TrainOptions::optimizer_options() const {
   if (momentum() || sgd) o.momentum(momentum().value_or(0.9));  // refused by validate() for adam, adamw
   o.beta1(beta1()).beta2(beta2()).eps(eps()).weight_decay(weight_decay());
   return o;
+}
+
+models::NormLayer TrainOptions::norm_layer(dist::ProcessGroup* group) const {
+  if (!sync_bn()) return models::batch_norm_2d;
+  TORCH_CHECK_VALUE(group != nullptr, "--sync-bn synchronises BatchNorm across ranks, but this run is one process "
+                    "without a process group: start it under a launcher (lockstep run --nproc-per-node N -- lockstep "
+                    "train ...), or drop --sync-bn");
+  return parallel::sync_batch_norm_layer(*group);
 }
 
 parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* group, StepProfiler* profiler) const {

@@ -53,7 +53,7 @@ class TrainingRun {
         o.run_settings(world_.world_size), group_.get());
 
     // The weights are final before the strategy converts, broadcasts or shards them.
-    auto model = models::make_model(o.model(), data_.train.num_classes);
+    auto model = models::make_model(o.model(), data_.train.num_classes, o.norm_layer(group_.get()));
     if (!o.init_weights().empty()) models::load_state_dict_file(*model, o.init_weights());
     const std::optional<Checkpoint> checkpoint = checkpointer_->load_resume(o.epochs());
     if (checkpoint)

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <atomic>
 #include <future>
 #include <mutex>
@@ -39,6 +41,106 @@ TEST(ProcessGroup, CollectivesOnThreeRanks) {
     EXPECT_DOUBLE_EQ(pg.average(static_cast<double>(rank) * 3.0), 3.0);
     pg.barrier();
   });
+}
+
+// Rank r's input of `numel` elements: seeded by r, so every rank can rebuild every other's.
+torch::Tensor rank_input(int64_t r, int64_t numel, torch::ScalarType dtype = torch::kFloat) {
+  return torch::randn({numel}, at::make_generator<at::CPUGeneratorImpl>(100 + r)).to(dtype);
+}
+
+// reduce_scatter (alltoall + local reduction) gives each rank its chunk of what all_reduce gives
+// everyone: sums within 1e-6 (fp32 additions of 2 or 3 terms, perhaps in another order), max exactly.
+TEST(ProcessGroup, ReduceScatterEqualsAllReduceThenSliceOnTwoAndThreeRanks) {
+  for (const int64_t world : {2, 3}) {
+    run_ranks(world, [world](int64_t rank, ProcessGroup& pg) {
+      const int64_t n = 5;  // elements per rank's output
+      const torch::Tensor input = rank_input(rank, world * n).reshape({world, n});
+      for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
+        torch::Tensor reduced = input.clone();
+        pg.all_reduce(reduced, op);
+        torch::Tensor out = torch::full({n}, -7.0f);
+        pg.reduce_scatter(out, input, op);
+        const torch::Tensor expected = reduced[rank];
+        if (op == ReduceOp::kMax) {
+          EXPECT_TRUE(torch::equal(out, expected)) << "world " << world << " rank " << rank;
+        } else {
+          EXPECT_LE((out - expected).abs().max().item<double>(), 1e-6) << "world " << world << " rank " << rank;
+        }
+      }
+    });
+  }
+}
+
+// bf16 travels as 16-bit words and is summed in fp32, rounded once: exactly the fp32 sum of the
+// ranks' bf16 chunks rounded to bf16, and within bf16's rounding (2^-8 relative) of the fp32 sum.
+TEST(ProcessGroup, ReduceScatterSumsBf16InFp32AndRoundsOnce) {
+  run_ranks(3, [](int64_t rank, ProcessGroup& pg) {
+    const int64_t n = 64;
+    torch::Tensor out = torch::empty({n}, torch::kBFloat16);
+    pg.reduce_scatter(out, rank_input(rank, 3 * n, torch::kBFloat16));
+    torch::Tensor fp32_sum = torch::zeros({n});
+    std::vector<torch::Tensor> chunks;
+    for (int64_t r = 0; r < 3; ++r) chunks.push_back(rank_input(r, 3 * n, torch::kBFloat16).narrow(0, rank * n, n));
+    const torch::Tensor expected = torch::stack(chunks).to(torch::kFloat).sum(0).to(torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(out, expected));
+    for (int64_t r = 0; r < 3; ++r) fp32_sum += rank_input(r, 3 * n).narrow(0, rank * n, n);
+    EXPECT_TRUE(torch::allclose(out.to(torch::kFloat), fp32_sum, /*rtol=*/1.0 / 128, /*atol=*/0.05));
+  });
+}
+
+// all_gather_into fills one flat tensor with every rank's input in rank order, bit for bit, in fp32
+// and bf16, as the list all_gather does.
+TEST(ProcessGroup, AllGatherIntoFillsOneFlatTensorInRankOrder) {
+  run_ranks(3, [](int64_t rank, ProcessGroup& pg) {
+    for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      torch::Tensor out = torch::empty({3, 4}, dtype);
+      pg.all_gather_into(out, rank_input(rank, 4, dtype));
+      std::vector<torch::Tensor> expected;
+      for (int64_t r = 0; r < 3; ++r) expected.push_back(rank_input(r, 4, dtype));
+      EXPECT_TRUE(torch::equal(out, torch::stack(expected))) << dtype;
+      EXPECT_TRUE(torch::equal(out, torch::stack(pg.all_gather(rank_input(rank, 4, dtype))))) << dtype;
+    }
+  });
+}
+
+// Shapes are checked on each rank before anything travels, so both ranks fail at once.
+TEST(ProcessGroup, UnevenOrEmptyShardsAreRejectedNamingTheSizes) {
+  run_ranks(2, [](int64_t rank, ProcessGroup& pg) {
+    torch::Tensor out = torch::empty({3});
+    auto uneven = testing::error_message([&] { pg.reduce_scatter(out, torch::ones({7})); });
+    EXPECT_THAT(uneven, HasSubstr("reduce_scatter on rank " + std::to_string(rank) + " of 2: input has 7 elements and "
+                                  "output 3; the input must hold 2 equal, non-empty chunks"));
+    EXPECT_THAT(uneven, HasSubstr("pad it to a multiple of 2"));
+    torch::Tensor none = torch::empty({0});
+    EXPECT_THAT(testing::error_message([&] { pg.reduce_scatter(none, none); }), HasSubstr("input has 0 elements"));
+    EXPECT_THAT(testing::error_message([&] { pg.all_gather_into(out, torch::ones({2})); }),
+                HasSubstr("input has 2 elements and output 3; the output must hold 2 x input elements"));
+    EXPECT_THAT(testing::error_message([&] { pg.all_gather_into(out, torch::ones({2}, torch::kDouble)); }),
+                HasSubstr("input is Double but output is Float"));
+    pg.barrier();  // the group still works
+  });
+}
+
+// Rank 1 skips a reduce_scatter: rank 0's error comes within the timeout and names rank 1 and the
+// last collective it did call. Rank 1 waits for rank 0's verdict, not for a time.
+TEST(ProcessGroup, ReduceScatterTimeoutNamesTheRankThatDidNotArrive) {
+  std::promise<std::string> verdict;
+  auto rank0_error = verdict.get_future().share();
+  const auto t0 = std::chrono::steady_clock::now();
+  run_ranks(2, [&](int64_t rank, ProcessGroup& pg) {
+    torch::Tensor gathered = torch::empty({4});
+    pg.all_gather_into(gathered, torch::ones({2}));
+    if (rank == 0) {
+      torch::Tensor out = torch::empty({2});
+      verdict.set_value(testing::error_message([&] { pg.reduce_scatter(out, torch::ones({4})); }));
+    } else {
+      rank0_error.wait();
+    }
+  }, std::chrono::milliseconds(1500));
+  const std::string msg = rank0_error.get();
+  EXPECT_THAT(msg, HasSubstr("reduce_scatter failed on rank 0 of 2 (timeout 1.5 s)"));
+  EXPECT_THAT(msg, HasSubstr("Rank 1 did not sign in within 1.5 s of the failure"));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
 }
 
 TEST(ProcessGroup, FileInitMethodWorks) {

@@ -56,6 +56,23 @@ TEST(Models, ZooBuildsEachModelWithPythonSizes) {
   }
 }
 
+// Every norm layer comes from the factory (see Note [Norm layer factory]), with the same keys
+// whatever it builds, and has_norm_layers says which models have any.
+TEST(Models, NormLayersComeFromTheFactoryAndHasNormLayersKnowsWhichModelsHaveThem) {
+  for (const auto& name : model_names()) {
+    int64_t built = 0;
+    auto counted = make_model(name, 10, [&built](int64_t channels) {
+      ++built;
+      return batch_norm_2d(channels);
+    });
+    int64_t batch_norms = 0;
+    for (const auto& m : counted->modules()) batch_norms += m->as<torch::nn::BatchNorm2d>() != nullptr;
+    EXPECT_EQ(built, batch_norms) << name;
+    EXPECT_EQ(has_norm_layers(name), built > 0) << name;
+    EXPECT_EQ(keys(*counted), keys(*make_model(name))) << name;
+  }
+}
+
 TEST(Models, UnknownModelNamesTheValueAndTheChoices) {
   std::string msg = testing::error_message([] { make_model("vgg"); });
   EXPECT_THAT(msg, HasSubstr("'vgg'"));

@@ -49,6 +49,23 @@ class ProcessGroup {
   void broadcast(torch::Tensor& tensor, int64_t root = 0);
   // size() tensors, entry r holding rank r's `tensor` (same shape and dtype on every rank).
   std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor);
+  // Note [Reduce-scatter and flat all-gather on Gloo]: Gloo has neither reduce_scatter nor
+  // _allgather_base. reduce_scatter is an alltoall_base (rank r receives chunk r of every rank's
+  // input: (N-1)/N of the input leaves each rank, as in a ring reduce-scatter) followed by a local
+  // reduction over the N received chunks, ranks in order. 16-bit floats travel as their own
+  // words (bf16 typed as Half: Gloo cannot add bf16, but alltoall only copies) and are reduced in
+  // fp32, rounded once, which is closer to the exact sum than a ring that rounds N-1 times.
+  // all_gather_into is the list all-gather with every rank's slot a view into one flat output.
+  // A failure of either names the rank that did not arrive (see Note [Naming the rank that did not
+  // arrive]); NCCL would call its own reduce_scatter and _allgather_base here instead.
+  //
+  // input: N x n elements (N = size()), contiguous; output: n elements, same dtype. Rank r gets
+  // the reduction over ranks of input's elements [r*n, (r+1)*n): PyTorch's reduce_scatter_tensor.
+  // Uneven (input not N x output) or empty inputs are rejected before anything travels.
+  void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  // input: n elements; output: N x n elements, contiguous, same dtype; elements [r*n, (r+1)*n) of
+  // output receive rank r's input: PyTorch's all_gather_into_tensor.
+  void all_gather_into(torch::Tensor& output, const torch::Tensor& input);
   // Returns when every rank has arrived; on timeout the error names the ranks that did not.
   void barrier();
   // The mean of a scalar over all ranks (the reduce_tensor helper of PyTorch DDP scripts).

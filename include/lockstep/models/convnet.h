@@ -3,18 +3,20 @@
 #include <torch/nn.h>
 
 #include "lockstep/models/classifier.h"
+#include "lockstep/models/norm_layer.h"
 
 namespace lockstep::models {
 
 // The classic two-block CNN for 1x28x28 images:
-//   layer1 = Conv2d(1,16,k5,p2), BatchNorm2d(16), ReLU, MaxPool2d(2)    -> (B, 16, 14, 14)
+//   layer1 = Conv2d(1,16,k5,p2), norm_layer(16), ReLU, MaxPool2d(2)     -> (B, 16, 14, 14)
+//   (norm_layer: BatchNorm2d unless told otherwise; see Note [Norm layer factory])
 //   (max pooling runs in channels-last layout for speed; see convnet.cpp)
-//   layer2 = Conv2d(16,32,k5,p2), BatchNorm2d(32), ReLU, MaxPool2d(2)   -> (B, 32, 7, 7)
+//   layer2 = Conv2d(16,32,k5,p2), norm_layer(32), ReLU, MaxPool2d(2)    -> (B, 32, 7, 7)
 //   fc     = Linear(1568, num_classes)
 // Keys: layer1.0.weight, layer1.1.running_mean, layer2.0.bias, fc.weight, ...
 class ConvNetImpl : public Classifier {
  public:
-  explicit ConvNetImpl(int64_t num_classes = 10);
+  explicit ConvNetImpl(int64_t num_classes = 10, const NormLayer& norm_layer = batch_norm_2d);
   torch::Tensor forward(torch::Tensor x) override;
 
   torch::nn::Sequential layer1{nullptr}, layer2{nullptr};

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "lockstep/models/classifier.h"
+#include "lockstep/models/norm_layer.h"
 
 namespace lockstep::models {
 
@@ -17,8 +18,13 @@ void check_model_name(const std::string& name);
 // The (C, H, W) input shape a reference model expects.
 std::vector<int64_t> input_shape(const std::string& name);
 
-// A freshly initialised reference model (initialisation follows torch.manual_seed).
+// Whether the model has normalisation layers, built through its NormLayer: convnet and resnet18.
+bool has_norm_layers(const std::string& name);
+
+// A freshly initialised reference model (initialisation follows torch.manual_seed), its norm
+// layers built by `norm_layer` (see Note [Norm layer factory]; the mlp has none).
 // Throws c10::ValueError naming the model and the known names for an unknown name.
-std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_classes = 10);
+std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_classes = 10,
+                                       const NormLayer& norm_layer = batch_norm_2d);
 
 }  // namespace lockstep::models

@@ -14,7 +14,8 @@ namespace lockstep::parallel {
 struct DistributedDataParallelOptions {
   TORCH_ARG(double, bucket_cap_mb) = 25.0;         // bucket size cap, in MiB
   TORCH_ARG(bool, find_unused_parameters) = false;
-  TORCH_ARG(bool, broadcast_buffers) = true;       // rank 0's buffers (BN statistics) each forward
+  TORCH_ARG(bool, broadcast_buffers) = true;       // rank 0's buffers (BN statistics) each forward,
+                                                   // except SyncBatchNorm's (equal on every rank)
   TORCH_ARG(CommHook, comm_hook) = CommHook::kNone;
   // sync_module_states() at construction (PyTorch's init_sync). Turn off when the ranks already
   // hold rank 0's weights, e.g. synced before amp::initialize as DdpStrategy does.
@@ -78,6 +79,7 @@ class DistributedDataParallel {
  private:
   void pre_forward();
   void post_forward(const torch::Tensor& out);
+  std::vector<torch::Tensor> buffers_to_broadcast() const;
 
   torch::nn::AnyModule forward_;
   std::shared_ptr<torch::nn::Module> module_;

@@ -9,6 +9,7 @@
 
 #include "lockstep/amp/opt_level.h"
 #include "lockstep/data/dataset.h"
+#include "lockstep/models/norm_layer.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/strategy.h"
 #include "lockstep/train/lr_schedule.h"
@@ -39,6 +40,9 @@ struct TrainOptions {
   TORCH_ARG(bool, progress) = true;                      // progress display on stdout
   // unset: ddp under a launcher (WORLD_SIZE > 1), local otherwise.
   TORCH_ARG(c10::optional<parallel::StrategyKind>, strategy) = c10::nullopt;
+  // The model's BatchNorm layers normalise over the global batch of all ranks (SyncBatchNorm);
+  // needs a model with BatchNorm and a launcher.
+  TORCH_ARG(bool, sync_bn) = false;
 
   // The optimizer, with PyTorch's defaults except lr (unset: 0.02 for sgd, 1e-3 for adam and
   // adamw) and weight decay (unset: PyTorch's, 0.01 for adamw and 0 otherwise).
@@ -107,6 +111,9 @@ struct TrainOptions {
   // level's default, as in Apex (""). What checkpoints record.
   std::string resolved_loss_scale() const;
   optim::OptimizerOptions optimizer_options() const;
+  // How the model builds its norm layers: SyncBatchNorm over `group` with sync_bn (throws naming
+  // the fix when `group` is null: one process), BatchNorm2d otherwise.
+  models::NormLayer norm_layer(dist::ProcessGroup* group) const;
   // The strategy's settings (precision, loss scaling, clipping, optimizer), over `group`.
   parallel::StrategyOptions strategy_options(dist::ProcessGroup* group, StepProfiler* profiler) const;
   // The learning-rate schedule of a run of `world_size` ranks with `micro_batches_per_epoch`
