@@ -22,5 +22,6 @@ struct Command {
 // there is no "--" (see main.cpp).
 Command add_run_command(CLI::App& app, const std::optional<std::vector<std::string>>& program_tail);
 Command add_train_command(CLI::App& app);
+Command add_tokenize_command(CLI::App& app);
 
 }  // namespace lockstep::cli

@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "lockstep 0.1.0");
   app.require_subcommand(0, 1);
   const Command run = add_run_command(app, tail);
-  const std::vector<Command> commands{run, add_train_command(app)};
+  const std::vector<Command> commands{run, add_train_command(app), add_tokenize_command(app)};
 
   try {
     app.parse(args);

@@ -24,8 +24,9 @@ class Reader {
  public:
   explicit Reader(std::string source) : source_(std::move(source)) {}
 
+  // `field` empty: the whole file.
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    TORCH_CHECK_VALUE(false, source_, ": ", field, " ", what,
+    TORCH_CHECK_VALUE(false, source_, field.empty() ? "" : ": " + field, " ", what,
                       "; write tokenizer files with `lockstep tokenize train` or Hugging Face tokenizers' save()");
   }
   const Json& member(const Json& object, const std::string& field, const std::string& key) const {
@@ -142,14 +143,16 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& sourc
   try {
     root = Json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    r.fail("(the file)", std::string("is not valid JSON: ") + e.what());
+    r.fail("", std::string("is not valid JSON: ") + e.what());
   }
-  if (!root.is_object()) r.fail("(the file)", "is not a JSON object");
+  if (!root.is_object()) r.fail("", "is not a JSON object");
   for (const char* unsupported : {"truncation", "padding"})
     if (root.contains(unsupported) && !root[unsupported].is_null())
       r.fail(unsupported, "is set; lockstep's encode does not truncate or pad (set it to null)");
   const Json& model = r.member(root, "tokenizer", "model");
   const std::string model_type = r.string(model, "model", "type");
+  if (model_type != "BPE" && model_type != "WordPiece")
+    r.fail("model.type", "is '" + model_type + "'; lockstep reads 'BPE' (byte-level) and 'WordPiece'");
   r.type(root, "post_processor", {"", "ByteLevel"});  // ByteLevel's only changes offsets, never ids
   std::optional<Tokenizer> tokenizer;
   if (model_type == "BPE") {
@@ -184,7 +187,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& sourc
     } catch (const c10::ValueError& e) {
       r.fail("model", e.what_without_backtrace());
     }
-  } else if (model_type == "WordPiece") {
+  } else {
     r.type(root, "normalizer", {"BertNormalizer"});
     r.type(root, "pre_tokenizer", {"BertPreTokenizer"});
     r.type(root, "decoder", {"WordPiece"});
@@ -207,8 +210,6 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& sourc
     } catch (const c10::ValueError& e) {
       r.fail("model", e.what_without_backtrace());
     }
-  } else {
-    r.fail("model.type", "is '" + model_type + "'; lockstep reads 'BPE' (byte-level) and 'WordPiece'");
   }
   const Json& added = r.member(root, "tokenizer", "added_tokens");
   if (!added.is_array()) r.fail("added_tokens", "is not an array");
