@@ -53,9 +53,12 @@ BucketBatchSampler::BucketBatchSampler(std::vector<int64_t> lengths, BucketBatch
   TORCH_CHECK_VALUE(o.max_tokens() >= longest, "BucketBatchSampler: max_tokens=", o.max_tokens(),
                     " is smaller than one sequence of ", longest, " tokens (max_length=", o.max_length(),
                     "); raise max_tokens to at least ", longest, " or lower max_length");
-  TORCH_CHECK_VALUE(o.drop_last() == false || static_cast<int64_t>(epoch_batches(0).size()) >= o.num_replicas(),
-                    "BucketBatchSampler: with drop_last, the ", epoch_batches(0).size(), " batches leave none for each of ",
-                    o.num_replicas(), " ranks; lower max_tokens or turn drop_last off");
+  if (o.drop_last()) {
+    const auto batches = static_cast<int64_t>(epoch_batches(0).size());
+    TORCH_CHECK_VALUE(batches >= o.num_replicas(), "BucketBatchSampler: with drop_last, the ", batches,
+                      " batches of epoch 0 leave none for some of the ", o.num_replicas(),
+                      " ranks; lower max_tokens or turn drop_last off");
+  }
   set_epoch(0);
 }
 
