@@ -24,5 +24,6 @@ Command add_run_command(CLI::App& app, const std::optional<std::vector<std::stri
 Command add_train_command(CLI::App& app);
 Command add_export_command(CLI::App& app);
 Command add_predict_command(CLI::App& app);
+Command add_tokenize_command(CLI::App& app);
 
 }  // namespace lockstep::cli

@@ -1,0 +1,81 @@
+#include "lockstep/data/text_corpus.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace lockstep::data {
+
+namespace {
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in, "cannot read the corpus '", path, "': ", std::strerror(errno));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void split_lines(const std::string& text, std::vector<std::string>& entries) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) entries.push_back(line);
+}
+
+void split_fortunes(const std::string& text, std::vector<std::string>& entries) {
+  std::istringstream in(text);
+  std::string entry;
+  const auto finish = [&] {
+    if (!entry.empty() && entry.back() == '\n') entry.pop_back();
+    if (!entry.empty()) entries.push_back(entry);
+    entry.clear();
+  };
+  for (std::string line; std::getline(in, line);) {
+    if (line == "%") {
+      finish();
+    } else {
+      entry += line;
+      entry += '\n';
+    }
+  }
+  finish();
+}
+
+}  // namespace
+
+const std::vector<std::string>& text_corpus_format_names() {
+  static const std::vector<std::string> names{"lines", "fortunes"};
+  return names;
+}
+
+std::vector<std::string> read_text_corpus(const std::string& path, TextCorpusFormat format) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    TORCH_CHECK(format == TextCorpusFormat::kFortunes, "the corpus '", path,
+                "' is a directory: only the fortunes format reads directories; give a file");
+    for (const auto& e : fs::directory_iterator(path))
+      if (e.is_regular_file() && !e.is_symlink() && !e.path().has_extension()) files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    TORCH_CHECK(!files.empty(), "the corpus directory '", path, "' holds no fortune files (names without an extension)");
+  } else {
+    files.push_back(path);
+  }
+  std::vector<std::string> entries;
+  for (const auto& f : files) {
+    const std::string text = read_all(f);
+    if (format == TextCorpusFormat::kLines) {
+      split_lines(text, entries);
+    } else {
+      split_fortunes(text, entries);
+    }
+  }
+  return entries;
+}
+
+}  // namespace lockstep::data

@@ -1,0 +1,90 @@
+// lockstep's tokenizers against an independent implementation: Hugging Face's tokenizers.js (the
+// npm package @huggingface/tokenizers, pure JavaScript) loads the tokenizer.json lockstep wrote and
+// encodes every entry of the fortunes corpus; the ids must be identical. Each fortune entry (the
+// text between '%' lines, inner newlines kept) is one sequence (TextCorpusFormat::kFortunes).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../test_util.h"
+#include "lockstep/data/text_corpus.h"
+#include "lockstep/data/tokenizer.h"
+#include "lockstep/data/tokenizer_trainer.h"
+
+namespace lockstep::data {
+namespace {
+
+const std::string kFortunes = "/usr/share/games/fortunes";
+const std::string kOracleDir = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/tokenizer";
+
+// Texts beyond the corpus: added and special tokens inside words, Unicode the corpus lacks.
+const std::vector<std::string> kExtraTexts{
+    "Our lockstep<|sep|>Zaphod's computer runs Linux[ENTRY]fortune",
+    "[ENTRY] LOCKSTEP Lockstep zaphod <|sep|><|sep|> [entry]",
+    "Straße naïve CAFÉ 東京 한국어 Ελληνικά ﬁn ① ½ \u00a0nbsp\u3000ideographic space \u200bzero width",
+    "  leading  and trailing  \n\n\t", "emoji 😀👍🏽 and combining e\u0301 and \x07 bell"};
+
+class TokenizerOracle : public ::testing::TestWithParam<TokenizerModelKind> {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(kFortunes)) GTEST_SKIP() << "fortunes not installed (scripts/bootstrap)";
+    if (!std::filesystem::exists(kOracleDir + "/node_modules/@huggingface/tokenizers") ||
+        testing::run_command("node --version").exit_code != 0)
+      GTEST_SKIP() << "node or @huggingface/tokenizers missing (scripts/bootstrap --test)";
+  }
+};
+
+TEST_P(TokenizerOracle, IdsMatchTokenizersJsOnEveryFortune) {
+  const bool bpe = GetParam() == TokenizerModelKind::kBpe;
+  std::vector<std::string> texts = read_text_corpus(kFortunes, TextCorpusFormat::kFortunes);
+  ASSERT_GT(texts.size(), 10000u);
+  Tokenizer tokenizer = train_tokenizer(texts, TokenizerTrainerOptions().model(GetParam()).vocab_size(8000));
+  // Some of these are in the trained vocabulary already (counted as not new), some are not.
+  const int64_t added = tokenizer.add_tokens({"lockstep", "Zaphod", "fortune", "Linux", "computer", "the"});
+  const int64_t special = tokenizer.add_special_tokens({"<|sep|>", "[ENTRY]"});
+  EXPECT_GE(added, 2);
+  EXPECT_EQ(special, 2);
+  texts.insert(texts.end(), kExtraTexts.begin(), kExtraTexts.end());
+
+  testing::TempDir dir;
+  tokenizer.save(dir / "tokenizer.json");
+  std::ofstream(dir / "texts.json") << nlohmann::json(texts).dump();
+  const auto run = testing::run_command("{ cd " + kOracleDir + " && node oracle.mjs encode " + dir / "tokenizer.json " +
+                                        dir / "texts.json > " + dir / "oracle.json; }");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto oracle = nlohmann::json::parse(testing::read_text(dir / "oracle.json"));
+  ASSERT_EQ(oracle["ids"].size(), texts.size());
+
+  const auto ours = tokenizer.encode_batch(texts);
+  size_t id_mismatches = 0, decode_mismatches = 0, round_trip_failures = 0, tokens = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto theirs = oracle["ids"][i].get<std::vector<int64_t>>();
+    tokens += ours[i].size();
+    if (ours[i] != theirs && ++id_mismatches <= 3)
+      ADD_FAILURE() << "entry " << i << " differs from tokenizers.js: '" << texts[i].substr(0, 200) << "'";
+    const std::string decoded = tokenizer.decode(ours[i]);
+    if (decoded != oracle["decoded"][i].get<std::string>() && ++decode_mismatches <= 3)
+      ADD_FAILURE() << "entry " << i << " decodes to '" << decoded << "', tokenizers.js to '" << oracle["decoded"][i] << "'";
+    // Byte-level BPE loses nothing; WordPiece loses case, accents and spacing, so its round trip
+    // is decode then encode giving the same ids.
+    const bool round_trips = bpe ? decoded == texts[i] : tokenizer.encode(decoded) == ours[i];
+    if (!round_trips && ++round_trip_failures <= 3)
+      ADD_FAILURE() << "entry " << i << " does not round-trip: '" << texts[i].substr(0, 200) << "' -> '" << decoded << "'";
+  }
+  EXPECT_EQ(id_mismatches, 0u);
+  EXPECT_EQ(decode_mismatches, 0u);
+  EXPECT_EQ(round_trip_failures, 0u);
+  std::cout << (bpe ? "BPE" : "WordPiece") << ": " << texts.size() << " texts, " << tokens << " tokens, vocabulary "
+            << tokenizer.size() << " (" << added << " added, " << special << " special added); " << id_mismatches
+            << " id mismatches with tokenizers.js\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TokenizerOracle,
+                         ::testing::Values(TokenizerModelKind::kBpe, TokenizerModelKind::kWordPiece),
+                         [](const auto& info) { return info.param == TokenizerModelKind::kBpe ? "Bpe" : "WordPiece"; });
+
+}  // namespace
+}  // namespace lockstep::data
