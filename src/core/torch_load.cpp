@@ -295,6 +295,65 @@ class BytesReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
   const std::vector<char>& bytes_;
 };
 
+// Note [Storage sizes come from the pickle]
+// LibTorch's unpickler sizes each storage from the pickle's persistent id ('storage', type, key,
+// device, numel) and hands it the bytes of record data/KEY, without comparing the two. A flipped
+// key (data/0 -> data/1, one bit) or numel gives a tensor whose storage claims more bytes than
+// its record holds: the first copy of it reads past the buffer (a segfault for a model's weight,
+// found by fuzz/ state_dict; fuzz/crashes/state_dict/). So every storage of the result is checked
+// against the record it came from before anyone reads it.
+class StorageChecker {
+ public:
+  // Records read so far, by the address of their bytes.
+  void add(const at::DataPtr& data, const std::string& key, size_t bytes) {
+    records_[data.get()] = {key, bytes};
+  }
+
+  // Throws c10::Error when a tensor anywhere in `value` claims more bytes than its record holds.
+  void check(const c10::IValue& value) const {
+    std::vector<c10::IValue> todo{value};
+    std::set<const void*> seen;  // containers can be shared (memo) or, through the memo, cyclic
+    while (!todo.empty()) {
+      const c10::IValue v = std::move(todo.back());
+      todo.pop_back();
+      if (v.isTensor()) {
+        check(v.toTensor());
+      } else if (v.isGenericDict() || v.isList() || v.isTuple()) {
+        if (!seen.insert(v.internalToPointer()).second) continue;
+        if (v.isGenericDict()) {
+          for (const auto& item : v.toGenericDict()) {
+            todo.push_back(item.key());
+            todo.push_back(item.value());
+          }
+        } else if (v.isList()) {
+          for (const c10::IValue& e : v.toListRef()) todo.push_back(e);
+        } else {
+          for (const c10::IValue& e : v.toTupleRef().elements()) todo.push_back(e);
+        }
+      }
+    }
+  }
+
+ private:
+  void check(const at::Tensor& t) const {
+    if (!t.defined() || !t.has_storage()) return;
+    const c10::Storage& storage = t.storage();
+    if (storage.nbytes() == 0) return;
+    const auto it = records_.find(storage.data());
+    TORCH_CHECK(it != records_.end(), "its pickle gives a tensor a storage of ", storage.nbytes(),
+                " bytes that no record of the archive holds");
+    TORCH_CHECK(storage.nbytes() <= it->second.bytes, "its pickle claims ", storage.nbytes(),
+                " bytes for the storage in record data/", it->second.key, ", which holds ",
+                it->second.bytes, " bytes");
+  }
+
+  struct Record {
+    std::string key;
+    size_t bytes;
+  };
+  std::unordered_map<const void*, Record> records_;
+};
+
 }  // namespace
 
 // The zip archive torch.save writes: ARCHIVE/data.pkl plus one record per storage, ARCHIVE/data/KEY.
@@ -308,6 +367,7 @@ c10::IValue torch_load(const std::vector<char>& bytes) {
   const char* p = static_cast<const char*>(pickle_data.get());
   std::vector<char> pickle = OrderedDictRewriter(std::vector<char>(p, p + pickle_size)).run();
   size_t offset = 0;
+  StorageChecker storages;  // See Note [Storage sizes come from the pickle]
   torch::jit::Unpickler unpickler(
       [&](char* out, size_t n) {
         n = std::min(n, pickle.size() - offset);
@@ -319,10 +379,14 @@ c10::IValue torch_load(const std::vector<char>& bytes) {
       [&](const std::string& key) {
         TORCH_CHECK(reader.hasRecord("data/" + key), "the archive has no record data/", key,
                     " for a tensor its pickle refers to");
-        return std::get<0>(reader.getRecord("data/" + key));
+        auto [data, size] = reader.getRecord("data/" + key);
+        storages.add(data, key, size);
+        return std::move(data);
       },
       /*device=*/c10::nullopt);
-  return unpickler.parse_ivalue();
+  c10::IValue value = unpickler.parse_ivalue();
+  storages.check(value);
+  return value;
 }
 
 }  // namespace lockstep

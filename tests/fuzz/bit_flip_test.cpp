@@ -11,6 +11,7 @@
 
 #include "../test_util.h"
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/models/mlp.h"
 #include "lockstep/models/state_dict.h"
 
 namespace lockstep::models {
@@ -59,6 +60,22 @@ TEST(BitFlips, EveryFlippedByteOfAPythonStateDictGivesAnErrorNamingTheFile) {
   // Most flips land in the zip's headers or the pickle's opcodes; both must be refused.
   EXPECT_GT(rejected, static_cast<int>(good.size()) / 4);
   EXPECT_GT(parser_errors, 0);
+}
+
+// Found by fuzz/ state_dict: a storage whose pickle claims more bytes than its record holds (one
+// flipped bit in the storage key, or a cut record) segfaulted in the first copy of the weights.
+// See Note [Storage sizes come from the pickle].
+TEST(BitFlips, AStorageLargerThanItsRecordIsRefusedBeforeItIsRead) {
+  const std::string crashes = LOCKSTEP_SOURCE_DIR "/fuzz/crashes/state_dict/";
+  MLP model;
+  const std::string flipped = crashes + "segv-storage-key-flipped-to-a-smaller-record.pt";
+  EXPECT_THAT(testing::error_message([&] { load_state_dict_file(*model, flipped); }),
+              ::testing::AllOf(::testing::HasSubstr("'" + flipped + "'"), ::testing::HasSubstr("corrupt"),
+                               ::testing::HasSubstr("claims 802816 bytes for the storage in record data/1, "
+                                                    "which holds 1024 bytes")));
+  const std::string cut = crashes + "segv-storage-record-shorter-than-numel.pt";
+  EXPECT_THAT(testing::error_message([&] { load_state_dict_file(*model, cut); }),
+              ::testing::HasSubstr("claims 802816 bytes for the storage in record data/0, which holds 16 bytes"));
 }
 
 }  // namespace
