@@ -14,4 +14,11 @@ namespace lockstep {
 // std::exception. Callers add the file's name.
 c10::IValue torch_load(const std::vector<char>& bytes);
 
+namespace detail {
+// The check and rewrite of a pickle (data.pkl) that torch_load runs before LibTorch's unpickler:
+// see Note [OrderedDict in LibTorch's unpickler] and Note [Pickle nesting depth]. Returns the
+// rewritten stream; throws c10::Error naming the offset of the first opcode that is malformed.
+std::vector<char> check_and_rewrite_pickle(std::vector<char> pickle);
+}  // namespace detail
+
 }  // namespace lockstep
