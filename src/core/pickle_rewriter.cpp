@@ -172,6 +172,9 @@ class OrderedDictRewriter {
         uint64_t slot = 0;
         if (!little_endian(pos, op == 'q' ? 1 : 4, slot) || stack_.empty() || stack_.back().tag == Tag::kMark)
           return false;
+        // Pickle numbers memo slots 0, 1, 2, ... as it fills them; LibTorch's unpickler grows its
+        // memo table to the slot, so LONG_BINPUT 2^31 would allocate 32 GB (a fuzzer-found hang).
+        if (slot > ops_.size()) return false;
         memo_[slot] = {stack_.back().tag, at, stack_.back().id};
         if (stack_.back().tag == Tag::kOrderedDictClass) drop_.insert(at);
         return true;
