@@ -4,7 +4,6 @@
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/csrc/jit/serialization/unpickler.h>
-#include <torch/serialize.h>
 
 #include <algorithm>
 #include <cstring>
@@ -95,8 +94,13 @@ class StorageChecker {
 
 // The zip archive torch.save writes: ARCHIVE/data.pkl plus one record per storage, ARCHIVE/data/KEY.
 c10::IValue torch_load(const std::vector<char>& bytes) {
+  // torch::pickle_load would read the same zip through an adapter that does not check bounds: a
+  // corrupt end of archive made miniz read past the buffer (found by the state_dict fuzzer).
+  // Python's legacy format (_use_new_zipfile_serialization=False) is a bare pickle that LibTorch
+  // cannot read either.
   const bool zip = bytes.size() >= 4 && std::memcmp(bytes.data(), "PK\x03\x04", 4) == 0;
-  if (!zip) return torch::pickle_load(bytes);  // let LibTorch judge (and reject) other formats
+  TORCH_CHECK(zip, "it is not a zip archive, as torch.save writes (its first bytes are not PK\\x03\\x04); "
+              "a file saved with _use_new_zipfile_serialization=False must be re-saved with the default");
   caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesReadAdapter>(bytes));
   TORCH_CHECK(reader.hasRecord("data.pkl"), "the zip archive has no data.pkl record, so it is not a file "
               "torch.save wrote");
