@@ -74,6 +74,23 @@ class StorageChecker {
   void check(const at::Tensor& t) const {
     if (!t.defined() || !t.has_storage()) return;
     const c10::Storage& storage = t.storage();
+    // The unpickler also sets sizes, strides and offset without checking them against the storage
+    // (a numel flipped to 0 left a 2x3 tensor on no bytes at all, found by tests/fuzz/bit_flip_test).
+    uint64_t elements = 1, last = 0;  // last: the furthest element the tensor reaches
+    bool bad = t.storage_offset() < 0;
+    for (int64_t d = 0; d < t.dim() && !bad; ++d) {
+      bad = t.size(d) < 0 || t.stride(d) < 0 ||
+            __builtin_mul_overflow(elements, static_cast<uint64_t>(t.size(d)), &elements);
+      uint64_t reach = 0;
+      bad = bad || (t.size(d) > 0 && (__builtin_mul_overflow(static_cast<uint64_t>(t.size(d) - 1),
+                                                              static_cast<uint64_t>(t.stride(d)), &reach) ||
+                                      __builtin_add_overflow(last, reach, &last)));
+    }
+    uint64_t needed = 0;
+    bad = bad || (elements > 0 && (__builtin_add_overflow(last, static_cast<uint64_t>(t.storage_offset()) + 1, &last) ||
+                                   __builtin_mul_overflow(last, t.dtype().itemsize(), &needed)));
+    TORCH_CHECK(!bad && needed <= storage.nbytes(), "its pickle gives a tensor of shape ", t.sizes(), ", strides ",
+                t.strides(), " and offset ", t.storage_offset(), " a storage of only ", storage.nbytes(), " bytes");
     if (storage.nbytes() == 0) return;
     const auto it = records_.find(storage.data());
     TORCH_CHECK(it != records_.end(), "its pickle gives a tensor a storage of ", storage.nbytes(),

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "../test_util.h"
@@ -29,11 +30,11 @@ struct TinyMlp : torch::nn::Module {
 TEST(BitFlips, EveryFlippedByteOfAPythonStateDictGivesAnErrorNamingTheFile) {
   const std::vector<char> good =
       read_file(LOCKSTEP_SOURCE_DIR "/fuzz/corpus/state_dict/python-tiny-mlp-keys.pt");
-  TinyMlp model;
+  auto model = std::make_shared<TinyMlp>();  // named_modules(include_self) needs a shared_ptr
   testing::TempDir dir;
   const std::string path = dir / "flipped.pt";
   write_file_atomic(path, good);
-  ASSERT_EQ(testing::error_message([&] { load_state_dict_file(model, path); }), "<no error>");
+  ASSERT_EQ(testing::error_message([&] { load_state_dict_file(*model, path); }), "<no error>");
 
   int rejected = 0, parser_errors = 0;
   for (size_t i = 0; i < good.size(); ++i) {
@@ -42,7 +43,7 @@ TEST(BitFlips, EveryFlippedByteOfAPythonStateDictGivesAnErrorNamingTheFile) {
     write_file_atomic(path, bytes);
     std::string message;
     try {
-      load_state_dict_file(model, path);
+      load_state_dict_file(*model, path);
       continue;  // a flip inside a tensor's bytes or a string that does not matter: loads
     } catch (const c10::Error& e) {
       message = e.what_without_backtrace();
@@ -60,6 +61,17 @@ TEST(BitFlips, EveryFlippedByteOfAPythonStateDictGivesAnErrorNamingTheFile) {
   // Most flips land in the zip's headers or the pickle's opcodes; both must be refused.
   EXPECT_GT(rejected, static_cast<int>(good.size()) / 4);
   EXPECT_GT(parser_errors, 0);
+
+  // The flip this test found: fc2.weight's numel 4 -> 0 (BINGET 'cpu', BININT1 4, TUPLE) left a
+  // 2x2 tensor on a storage of no bytes, and the copy into the model read address 0.
+  const std::string numel4 = "h\x07K\x04t";
+  const auto at = std::search(good.begin(), good.end(), numel4.begin(), numel4.end());
+  ASSERT_NE(at, good.end());
+  std::vector<char> bytes = good;
+  bytes[static_cast<size_t>(at - good.begin()) + 3] = 0;
+  write_file_atomic(path, bytes);
+  EXPECT_THAT(testing::error_message([&] { load_state_dict_file(*model, path); }),
+              ::testing::HasSubstr("gives a tensor of shape [2, 2], strides [2, 1] and offset 0 a storage of only 0 bytes"));
 }
 
 // Found by fuzz/ state_dict: a storage whose pickle claims more bytes than its record holds (one
