@@ -2,7 +2,11 @@
 BUILD_DIR ?= build
 JOBS ?= 2
 
-.PHONY: build demo test clean
+FUZZ_BUILD_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?= idx state_dict checkpoint tfevents_round_trip tfevents_reader zip_checksum
+
+.PHONY: build demo test fuzz clean
 
 build:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release
@@ -17,6 +21,14 @@ test:
 	scripts/bootstrap --test
 	$(MAKE) build
 	cd $(BUILD_DIR) && ctest --output-on-failure --no-tests=error
+
+# libFuzzer targets (docs/fuzzing.md): a clang-14 build of their own with ASan and UBSan, then each
+# target for FUZZ_SECONDS, one after another.
+fuzz:
+	scripts/bootstrap --fuzz
+	cmake -S . -B $(FUZZ_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DLOCKSTEP_FUZZ=ON
+	cmake --build $(FUZZ_BUILD_DIR) -j$(JOBS)
+	fuzz/run $(FUZZ_BUILD_DIR) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 clean:
 	rm -rf $(BUILD_DIR)

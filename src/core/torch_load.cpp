@@ -4,13 +4,10 @@
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/csrc/jit/serialization/unpickler.h>
-#include <torch/serialize.h>
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -19,267 +16,6 @@
 
 namespace lockstep {
 namespace {
-
-// Note [OrderedDict in LibTorch's unpickler]
-// Python's model.state_dict() is a collections.OrderedDict carrying a `_metadata` attribute (each
-// module's serialization version). torch.save pickles it (protocol 2) as
-//   GLOBAL 'collections OrderedDict', EMPTY_TUPLE, REDUCE, MARK, key, tensor, ..., SETITEMS,
-//   {'_metadata': OrderedDict(...)}, BUILD
-// LibTorch 1.13's unpickler expects OrderedDict only as a tensor's (ignored) backward hooks: every
-// OrderedDict() becomes None, so the SETITEMS that follows fails ("Expected GenericDict but got
-// None"). It runs BUILD like REDUCE (the dict taken for a function) and knows neither POP,
-// SETITEM nor APPEND. So before unpickling, the opcodes are rewritten:
-//   the OrderedDict class (its GLOBAL, and BINPUT/BINGET of it)  ->  nothing
-//   OrderedDict() (EMPTY_TUPLE, REDUCE)                          ->  EMPTY_DICT
-//   STATE BUILD on such a dict (the _metadata attribute)         ->  nothing
-//   KEY VALUE SETITEM (a dict of one entry)                      ->  MARK KEY VALUE SETITEMS
-//   VALUE APPEND (a list of one element)                         ->  MARK VALUE APPENDS
-// A dict keeps insertion order as OrderedDict does; the module versions in _metadata are not
-// needed (lockstep's modules have one layout each). A stream that uses the class any other way,
-// that later refers to a dropped value, or that the walker does not follow, is passed on
-// untouched for the unpickler to judge.
-class OrderedDictRewriter {
- public:
-  explicit OrderedDictRewriter(std::vector<char> bytes) : in_(std::move(bytes)) {}
-
-  // The rewritten pickle, or the original bytes when they are not a pickle this walker follows.
-  // Throws c10::Error naming the offset of the first opcode that is malformed.
-  std::vector<char> run() && {
-    const std::optional<size_t> bad = walk();
-    TORCH_CHECK(!bad, "its pickle (data.pkl) is malformed at byte ", bad.value_or(0), " of ", in_.size(),
-                bad.value_or(0) < in_.size() ? c10::str(" (opcode 0x", std::hex,
-                                                        int(static_cast<unsigned char>(in_[bad.value_or(0)])), ")")
-                                             : std::string(" (no STOP opcode)"));
-    if (!changed_) return std::move(in_);
-    std::vector<char> out;
-    out.reserve(in_.size() + 64);
-    for (const auto& [at, size] : ops_) {
-      if (drop_.count(at) || dropped(at)) continue;
-      if (mark_before_.count(at)) out.push_back('(');
-      if (const auto r = replace_.find(at); r != replace_.end()) {
-        out.push_back(r->second);
-        continue;
-      }
-      out.insert(out.end(), in_.begin() + static_cast<std::ptrdiff_t>(at),
-                 in_.begin() + static_cast<std::ptrdiff_t>(at + size));
-    }
-    return out;
-  }
-
- private:
-  enum class Tag { kMark, kOther, kOrderedDictClass, kOrderedDict };
-  struct Entry {
-    Tag tag;
-    size_t start;  // offset of the first opcode that built this value
-  };
-  struct Memo {
-    Tag tag;
-    size_t defined_at;  // offset of the BINPUT
-  };
-
-  bool dropped(size_t at) const {
-    return std::any_of(dropped_ranges_.begin(), dropped_ranges_.end(),
-                       [at](const auto& r) { return at >= r.first && at <= r.second; });
-  }
-
-  // The offset of the first opcode that is malformed or not one a state dict is written with; the
-  // end of the stream when it has no STOP; nullopt when the whole stream is sound.
-  std::optional<size_t> walk() {
-    size_t pos = 0;
-    while (pos < in_.size()) {
-      const size_t at = pos;
-      const auto op = static_cast<unsigned char>(in_[pos++]);
-      if (!step(op, at, pos)) return at;
-      ops_.emplace_back(at, pos - at);
-      if (op == '.') return std::nullopt;
-    }
-    return in_.size();
-  }
-
-  // Follows one opcode; false when it is malformed here (LibTorch's unpickler trusts the stream:
-  // a REDUCE on an empty stack or an odd SETITEMS crashes it) or uses the OrderedDict class in a
-  // way this rewrite does not follow.
-  bool step(unsigned char op, size_t at, size_t& pos) {
-    const Entry other{Tag::kOther, at};
-    switch (op) {
-      case '.':  // STOP
-        return stack_.size() == 1 && stack_.back().tag != Tag::kOrderedDictClass &&
-               stack_.back().tag != Tag::kMark;
-      case '(':
-        stack_.push_back({Tag::kMark, at});
-        return true;
-      case ')': case 'N': case '}': case ']': case 0x88: case 0x89:
-        stack_.push_back(other);  // EMPTY_TUPLE, NONE, EMPTY_DICT/LIST, NEWTRUE/FALSE
-        return true;
-      case 0x80:  // PROTO
-        return skip(pos, 1);
-      case 'K': case 'M': case 'J': case 'G':  // BININT1, BININT2, BININT, BINFLOAT
-        stack_.push_back(other);
-        return skip(pos, op == 'K' ? 1 : op == 'M' ? 2 : op == 'J' ? 4 : 8);
-      case 'U': case 'C': case 0x8a: case 0x8c:  // 1-byte length: strings, bytes, LONG1
-      case 'T': case 'B': case 'X': case 0x8b:   // 4-byte length
-      case 0x8d: case 0x8e: {                    // 8-byte length
-        const size_t width = (op == 'U' || op == 'C' || op == 0x8a || op == 0x8c) ? 1
-                             : (op == 0x8d || op == 0x8e)                         ? 8
-                                                                                   : 4;
-        uint64_t length = 0;
-        stack_.push_back(other);
-        return little_endian(pos, width, length) && skip(pos, length);
-      }
-      case 'c': {  // GLOBAL module\nname\n
-        std::string module, name;
-        if (!text_line(pos, module) || !text_line(pos, name)) return false;
-        if (module == "collections" && name == "OrderedDict") {
-          stack_.push_back({Tag::kOrderedDictClass, at});
-          drop_.insert(at);
-        } else {
-          stack_.push_back(other);
-        }
-        return true;
-      }
-      case 'h': case 'j': {  // BINGET, LONG_BINGET
-        uint64_t slot = 0;
-        if (!little_endian(pos, op == 'h' ? 1 : 4, slot)) return false;
-        const auto it = memo_.find(slot);
-        if (it == memo_.end() || dropped(it->second.defined_at)) return false;
-        stack_.push_back({it->second.tag, at});
-        if (it->second.tag == Tag::kOrderedDictClass) drop_.insert(at);
-        return true;
-      }
-      case 'q': case 'r': {  // BINPUT, LONG_BINPUT
-        uint64_t slot = 0;
-        if (!little_endian(pos, op == 'q' ? 1 : 4, slot) || stack_.empty() || stack_.back().tag == Tag::kMark)
-          return false;
-        memo_[slot] = {stack_.back().tag, at};
-        if (stack_.back().tag == Tag::kOrderedDictClass) drop_.insert(at);
-        return true;
-      }
-      case 'Q':  // BINPERSID
-        return reduce_to_one(1, at);
-      case 'R': {  // REDUCE: callable, args -> result
-        if (stack_.size() < 2) return false;
-        const Entry callable = stack_[stack_.size() - 2];
-        const Entry args = stack_.back();
-        if (callable.tag != Tag::kOrderedDictClass) return reduce_to_one(2, at);
-        // Only OrderedDict() with no arguments, as pickle writes it, becomes a dict.
-        if (ops_.empty() || ops_.back().first != args.start || in_[args.start] != ')') return false;
-        replace_[args.start] = '}';
-        drop_.insert(at);
-        stack_.resize(stack_.size() - 2);
-        stack_.push_back({Tag::kOrderedDict, callable.start});
-        changed_ = true;
-        return true;
-      }
-      case 'b': {  // BUILD: object, state -> object
-        if (stack_.size() < 2 || stack_.back().tag == Tag::kMark) return false;
-        const Entry state = stack_.back();
-        stack_.pop_back();
-        if (stack_.back().tag == Tag::kOrderedDict) {
-          dropped_ranges_.emplace_back(state.start, at);
-        } else if (stack_.back().tag != Tag::kOther) {
-          return false;
-        }
-        return true;
-      }
-      case 'a': {  // APPEND
-        if (stack_.size() < 2) return false;
-        mark_before_.insert(stack_.back().start);
-        replace_[at] = 'e';  // APPENDS
-        changed_ = true;
-        return pop(1);
-      }
-      case 's': {  // SETITEM
-        if (stack_.size() < 3) return false;
-        mark_before_.insert(stack_[stack_.size() - 2].start);
-        replace_[at] = 'u';  // SETITEMS
-        changed_ = true;
-        return pop(2);
-      }
-      case 0x81:  // NEWOBJ
-        return reduce_to_one(2, at);
-      case 0x85: case 0x86: case 0x87:  // TUPLE1..3
-        return reduce_to_one(op - 0x84, at);
-      case 'e': case 'u': {  // APPENDS, SETITEMS: into the container below the mark
-        size_t items = 0;
-        if (!pop_to_mark(items) || stack_.empty() || stack_.back().tag == Tag::kMark) return false;
-        return op == 'e' || items % 2 == 0;
-      }
-      case 't': case 'd': case 'l': {  // TUPLE, DICT, LIST
-        size_t items = 0;
-        const std::optional<size_t> mark = pop_to_mark(items);
-        if (!mark || (op == 'd' && items % 2 != 0)) return false;
-        stack_.push_back({Tag::kOther, *mark});
-        return true;
-      }
-      default:
-        return false;
-    }
-  }
-
-  bool reduce_to_one(size_t n, size_t at) {
-    if (stack_.size() < n) return false;
-    size_t start = at;
-    for (size_t i = 0; i < n; ++i) {
-      const Entry e = stack_.back();
-      if (e.tag == Tag::kMark || e.tag == Tag::kOrderedDictClass) return false;
-      start = std::min(start, e.start);
-      stack_.pop_back();
-    }
-    stack_.push_back({Tag::kOther, start});
-    return true;
-  }
-  bool pop(size_t n) {
-    if (stack_.size() < n) return false;
-    for (size_t i = 0; i < n; ++i) {
-      if (stack_.back().tag == Tag::kMark || stack_.back().tag == Tag::kOrderedDictClass) return false;
-      stack_.pop_back();
-    }
-    return true;
-  }
-  // Pops down to and including the innermost mark; returns the mark's offset.
-  std::optional<size_t> pop_to_mark(size_t& items) {
-    items = 0;
-    while (!stack_.empty() && stack_.back().tag != Tag::kMark) {
-      if (stack_.back().tag == Tag::kOrderedDictClass) return std::nullopt;
-      stack_.pop_back();
-      ++items;
-    }
-    if (stack_.empty()) return std::nullopt;
-    const size_t mark = stack_.back().start;
-    stack_.pop_back();
-    return mark;
-  }
-  bool skip(size_t& pos, uint64_t n) const {
-    if (n > in_.size() - pos) return false;
-    pos += static_cast<size_t>(n);
-    return true;
-  }
-  bool little_endian(size_t& pos, size_t width, uint64_t& value) const {
-    if (width > in_.size() - pos) return false;
-    value = 0;
-    for (size_t i = 0; i < width; ++i) value |= uint64_t{static_cast<unsigned char>(in_[pos + i])} << (8 * i);
-    pos += width;
-    return true;
-  }
-  bool text_line(size_t& pos, std::string& line) const {
-    const auto begin = in_.begin() + static_cast<std::ptrdiff_t>(pos);
-    const auto end = std::find(begin, in_.end(), '\n');
-    if (end == in_.end()) return false;
-    line.assign(begin, end);
-    pos = static_cast<size_t>(end - in_.begin()) + 1;
-    return true;
-  }
-
-  std::vector<char> in_;
-  std::vector<Entry> stack_;
-  std::unordered_map<uint64_t, Memo> memo_;
-  std::vector<std::pair<size_t, size_t>> ops_;  // (offset, size) of every opcode with its argument
-  std::set<size_t> drop_;                       // offsets of opcodes left out
-  std::map<size_t, char> replace_;              // offsets of opcodes replaced by one byte
-  std::set<size_t> mark_before_;                // offsets before which a MARK goes
-  std::vector<std::pair<size_t, size_t>> dropped_ranges_;  // [first, last] opcode offsets left out
-  bool changed_ = false;
-};
 
 // The zip archive's bytes as PyTorchStreamReader reads them, refusing reads past the end.
 class BytesReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
@@ -297,20 +33,104 @@ class BytesReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
   const std::vector<char>& bytes_;
 };
 
+// Note [Storage sizes come from the pickle]
+// LibTorch's unpickler sizes each storage from the pickle's persistent id ('storage', type, key,
+// device, numel) and hands it the bytes of record data/KEY, without comparing the two. A flipped
+// key (data/0 -> data/1, one bit) or numel gives a tensor whose storage claims more bytes than
+// its record holds: the first copy of it reads past the buffer (a segfault for a model's weight,
+// found by fuzz/ state_dict; fuzz/crashes/state_dict/). So every storage of the result is checked
+// against the record it came from before anyone reads it.
+class StorageChecker {
+ public:
+  // Records read so far, by the address of their bytes.
+  void add(const at::DataPtr& data, const std::string& key, size_t bytes) {
+    records_[data.get()] = {key, bytes};
+  }
+
+  // Throws c10::Error when a tensor anywhere in `value` claims more bytes than its record holds.
+  void check(const c10::IValue& value) const {
+    std::vector<c10::IValue> todo{value};
+    std::set<const void*> seen;  // containers can be shared (memo) or, through the memo, cyclic
+    while (!todo.empty()) {
+      const c10::IValue v = std::move(todo.back());
+      todo.pop_back();
+      if (v.isTensor()) {
+        check(v.toTensor());
+      } else if (v.isGenericDict() || v.isList() || v.isTuple()) {
+        if (!seen.insert(v.internalToPointer()).second) continue;
+        if (v.isGenericDict()) {
+          for (const auto& item : v.toGenericDict()) {
+            todo.push_back(item.key());
+            todo.push_back(item.value());
+          }
+        } else if (v.isList()) {
+          for (const c10::IValue& e : v.toListRef()) todo.push_back(e);
+        } else {
+          for (const c10::IValue& e : v.toTupleRef().elements()) todo.push_back(e);
+        }
+      }
+    }
+  }
+
+ private:
+  void check(const at::Tensor& t) const {
+    if (!t.defined() || !t.has_storage()) return;
+    const c10::Storage& storage = t.storage();
+    // The unpickler also sets sizes, strides and offset without checking them against the storage
+    // (a numel flipped to 0 left a 2x3 tensor on no bytes at all, found by tests/fuzz/bit_flip_test).
+    uint64_t elements = 1, last = 0;  // last: the furthest element the tensor reaches
+    bool bad = t.storage_offset() < 0;
+    for (int64_t d = 0; d < t.dim() && !bad; ++d) {
+      bad = t.size(d) < 0 || t.stride(d) < 0 ||
+            __builtin_mul_overflow(elements, static_cast<uint64_t>(t.size(d)), &elements);
+      uint64_t reach = 0;
+      bad = bad || (t.size(d) > 0 && (__builtin_mul_overflow(static_cast<uint64_t>(t.size(d) - 1),
+                                                              static_cast<uint64_t>(t.stride(d)), &reach) ||
+                                      __builtin_add_overflow(last, reach, &last)));
+    }
+    uint64_t needed = 0;
+    bad = bad || (elements > 0 && (__builtin_add_overflow(last, static_cast<uint64_t>(t.storage_offset()) + 1, &last) ||
+                                   __builtin_mul_overflow(last, t.dtype().itemsize(), &needed)));
+    TORCH_CHECK(!bad && needed <= storage.nbytes(), "its pickle gives a tensor of shape ", t.sizes(), ", strides ",
+                t.strides(), " and offset ", t.storage_offset(), " a storage of only ", storage.nbytes(), " bytes");
+    if (storage.nbytes() == 0) return;
+    const auto it = records_.find(storage.data());
+    TORCH_CHECK(it != records_.end(), "its pickle gives a tensor a storage of ", storage.nbytes(),
+                " bytes that no record of the archive holds");
+    TORCH_CHECK(storage.nbytes() <= it->second.bytes, "its pickle claims ", storage.nbytes(),
+                " bytes for the storage in record data/", it->second.key, ", which holds ",
+                it->second.bytes, " bytes");
+  }
+
+  struct Record {
+    std::string key;
+    size_t bytes;
+  };
+  std::unordered_map<const void*, Record> records_;
+};
+
 }  // namespace
 
 // The zip archive torch.save writes: ARCHIVE/data.pkl plus one record per storage, ARCHIVE/data/KEY.
 c10::IValue torch_load(const std::vector<char>& bytes) {
+  // torch::pickle_load would read the same zip through an adapter that does not check bounds: a
+  // corrupt end of archive made miniz read past the buffer (found by the state_dict fuzzer).
+  // Python's legacy format (_use_new_zipfile_serialization=False) is a bare pickle that LibTorch
+  // cannot read either.
   const bool zip = bytes.size() >= 4 && std::memcmp(bytes.data(), "PK\x03\x04", 4) == 0;
-  if (!zip) return torch::pickle_load(bytes);  // let LibTorch judge (and reject) other formats
+  TORCH_CHECK(zip, "it is not a zip archive, as torch.save writes (its first bytes are not PK\\x03\\x04); "
+              "a file saved with _use_new_zipfile_serialization=False must be re-saved with the default");
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // fuzzers reach the parser past the checksums
   verify_zip_checksums(bytes);
+#endif
   caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesReadAdapter>(bytes));
   TORCH_CHECK(reader.hasRecord("data.pkl"), "the zip archive has no data.pkl record, so it is not a file "
               "torch.save wrote");
   const auto [pickle_data, pickle_size] = reader.getRecord("data.pkl");
   const char* p = static_cast<const char*>(pickle_data.get());
-  std::vector<char> pickle = OrderedDictRewriter(std::vector<char>(p, p + pickle_size)).run();
+  std::vector<char> pickle = detail::check_and_rewrite_pickle(std::vector<char>(p, p + pickle_size));
   size_t offset = 0;
+  StorageChecker storages;  // See Note [Storage sizes come from the pickle]
   torch::jit::Unpickler unpickler(
       [&](char* out, size_t n) {
         n = std::min(n, pickle.size() - offset);
@@ -322,10 +142,14 @@ c10::IValue torch_load(const std::vector<char>& bytes) {
       [&](const std::string& key) {
         TORCH_CHECK(reader.hasRecord("data/" + key), "the archive has no record data/", key,
                     " for a tensor its pickle refers to");
-        return std::get<0>(reader.getRecord("data/" + key));
+        auto [data, size] = reader.getRecord("data/" + key);
+        storages.add(data, key, size);
+        return std::move(data);
       },
       /*device=*/c10::nullopt);
-  return unpickler.parse_ivalue();
+  c10::IValue value = unpickler.parse_ivalue();
+  storages.check(value);
+  return value;
 }
 
 }  // namespace lockstep

@@ -34,15 +34,14 @@ uint32_t crc32c(std::string_view bytes) {
   return crc ^ 0xFFFFFFFFu;
 }
 
+uint32_t masked_crc32c(std::string_view bytes) {
+  const uint32_t crc = crc32c(bytes);
+  return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
+}
+
 }  // namespace detail
 
 namespace {
-
-// TFRecord stores CRCs rotated and offset: a CRC over data that embeds CRCs is otherwise weak.
-uint32_t masked_crc32c(std::string_view bytes) {
-  const uint32_t crc = detail::crc32c(bytes);
-  return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
-}
 
 // --- a hand-written protobuf encoder for the few fields we write ---------------------------
 // The subset of tensorflow/core/util/event.proto and framework/summary.proto used here:
@@ -171,9 +170,9 @@ void SummaryWriter::write_record(const std::string& event) {
   TORCH_CHECK(file_ != nullptr, "SummaryWriter: '", path_, "' is already closed");
   std::string record;
   put_little_endian(record, event.size(), 8);
-  put_little_endian(record, masked_crc32c(record), 4);
+  put_little_endian(record, detail::masked_crc32c(record), 4);
   record += event;
-  put_little_endian(record, masked_crc32c(event), 4);
+  put_little_endian(record, detail::masked_crc32c(event), 4);
   TORCH_CHECK(std::fwrite(record.data(), 1, record.size(), file_) == record.size(),
               "SummaryWriter: writing '", path_, "' failed: ", std::strerror(errno));
   ++pending_;

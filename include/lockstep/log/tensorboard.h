@@ -61,6 +61,9 @@ class SummaryWriter {
 namespace detail {
 // CRC-32C (Castagnoli) of `bytes`, as TFRecord framing uses it before masking.
 uint32_t crc32c(std::string_view bytes);
+// TFRecord stores CRCs rotated and offset ("masked"): a CRC over data that embeds CRCs is
+// otherwise weak.
+uint32_t masked_crc32c(std::string_view bytes);
 }  // namespace detail
 
 }  // namespace lockstep::log
