@@ -42,8 +42,8 @@ TEST(ExportCli, ExportsFromACheckpointWithTheRunsSettingsInTheMetadata) {
   auto r = testing::run_command(kCli + " train --quiet --model mlp --data synthetic --limit 200 --batch-size 50"
                                        " --precision bf16 --seed 5 --checkpoint-dir " + (dir / "ckpt"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::string checkpoint;  // the epoch's end: 200 samples / 50 = 4 steps
-  for (const auto& e : fs::directory_iterator(dir / "ckpt")) checkpoint = e.path().string();
+  // The epoch's end: 200 samples / 50 = 4 steps (the directory also holds the run's .lock).
+  const std::string checkpoint = train::latest_checkpoint(dir / "ckpt").value_or("");
   ASSERT_THAT(checkpoint, HasSubstr("step-00000004.pt")) << r.output;
   r = testing::run_command(kCli + " export --model mlp --weights " + checkpoint + " --out " + (dir / "m.onnx"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
