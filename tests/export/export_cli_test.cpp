@@ -9,6 +9,7 @@
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/models/zoo.h"
+#include "lockstep/train/checkpoint.h"
 #include "onnx_check.h"
 
 namespace lockstep {
