@@ -60,7 +60,7 @@ std::optional<Checkpoint> Checkpointer::load_resume(int64_t epochs) {
 // "latest" would then fail on every attempt; instead it takes the newest file that reads (CRCs
 // verified, see core/zip_checksum.h) and says which it skipped and why. A checkpoint named
 // explicitly never falls back.
-std::optional<Checkpoint> Checkpointer::load_newest_readable(const std::string& dir, std::string& path) {
+Checkpoint Checkpointer::load_newest_readable(const std::string& dir, std::string& path) {
   const std::vector<std::string> all = list_checkpoints(dir);
   std::string skipped;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {

@@ -55,8 +55,8 @@ class Checkpointer {
 
  private:
   void check_same_position_on_all_ranks(const TrainingPosition& position);
-  // The newest checkpoint in `dir` that loads, or nullopt when it has none; sets `path` to it.
-  std::optional<Checkpoint> load_newest_readable(const std::string& dir, std::string& path);
+  // The newest checkpoint in `dir` that loads (throws when none does); sets `path` to it.
+  Checkpoint load_newest_readable(const std::string& dir, std::string& path);
   void refuse_existing_checkpoints();
 
   CheckpointerOptions options_;
