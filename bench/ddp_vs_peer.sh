@@ -1,50 +1,89 @@
 #!/usr/bin/env bash
-# lockstep DDP vs PyTorch's own DDP (the Python peer in ../shared/peer), side by side in one run:
-# same convnet, data (first LIMIT Fashion-MNIST samples), batch per rank, epochs, lr, ranks, and one
-# intra-op thread per rank. Runs alternate (lockstep, peer, lockstep, ...) so machine noise hits both;
-# prints every run's JSON and the medians. PRECISION bf16 compares `--precision bf16` (O1: autocast,
-# no loss scaling) with the peer's `--amp` (torch.autocast bf16, no GradScaler).
-# BEFORE=path/to/an/older/lockstep adds that binary as a third alternating column (before/after a
-# change, in one invocation).
-# Usage: bench/ddp_vs_peer.sh [RUNS=3] [LIMIT=12000] [PRECISION=fp32|bf16]  (after make build; needs python3-torch)
+# lockstep DDP vs PyTorch's own DDP (the Python peer in ../shared/peer), side by side in one run.
+# Each case is MODEL:PRECISION:LIMIT:BATCH: the first LIMIT Fashion-MNIST samples, BATCH per rank, one
+# epoch, lr 0.05, 2 ranks x 1 intra-op thread, and the same model on both sides (convnet, or the
+# communication-bound mlp-wide). PRECISION bf16 compares `--precision bf16` (O1: autocast, no loss
+# scaling) with the peer's `--amp` (torch.autocast bf16, no GradScaler). Within a case the runs
+# alternate (lockstep 2 ranks, peer 2 ranks, lockstep 1 process, ...) so machine noise hits all of
+# them; every run's JSON is printed, then one table of medians and ratios:
+#   vs peer  = lockstep 2 ranks / peer 2 ranks (samples/s)
+#   scaling  = lockstep 2 ranks / lockstep 1 process (the same model, batch and thread count)
+# PROFILE=1 adds a lockstep single-process column with --profile (its overhead: 1 - prof/single).
+# BEFORE=path/to/an/older/lockstep adds that binary's 2-rank runs as a column (before/after a change).
+# Usage: bench/ddp_vs_peer.sh [RUNS=5] [CASES...]   (after make build; needs python3-torch)
+#   default cases: convnet:fp32:60000:100 convnet:bf16:60000:100 mlp-wide:fp32:12000:32 mlp-wide:bf16:12000:32
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${1:-3}; limit=${2:-12000}; precision=${3:-fp32}; ranks=2; batch=100; epochs=1; lr=0.05
-case $precision in
-  fp32) ours_amp=(); peer_amp=() ;;
-  bf16) ours_amp=(--precision bf16); peer_amp=(--amp) ;;
-  *) echo "PRECISION must be fp32 or bf16, not '$precision'" >&2; exit 2 ;;
-esac
+runs=${1:-5}; shift || true
+cases=("$@")
+[[ ${#cases[@]} -gt 0 ]] || cases=(convnet:fp32:60000:100 convnet:bf16:60000:100 mlp-wide:fp32:12000:32 mlp-wide:bf16:12000:32)
+ranks=2; lr=0.05
 peer=${PEER_DIR:-../shared/peer}
 [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null ||
   { echo "needs Debian's python3-torch (apt-get install python3-torch)" >&2; exit 1; }
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 field() { sed -n "s/.*\"$1\": *\([0-9.]*\).*/\1/p"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 
-ours_run() {  # BINARY: one lockstep DDP run, its JSON summary
-  OMP_NUM_THREADS=1 "$1" run --nproc-per-node $ranks -- "$1" train --quiet \
-    --model convnet --limit "$limit" --epochs $epochs --batch-size $batch --lr $lr --threads 1 "${ours_amp[@]}" |
-    grep -o '{.*}'
+# BINARY NPROC MODEL LIMIT BATCH EXTRA...: one lockstep run's JSON summary.
+ours_run() {
+  local bin=$1 nproc=$2 model=$3 limit=$4 batch=$5; shift 5
+  local train=("$bin" train --quiet --model "$model" --limit "$limit" --epochs 1 --batch-size "$batch" --lr $lr --threads 1 "$@")
+  if ((nproc > 1)); then
+    OMP_NUM_THREADS=1 "$bin" run --nproc-per-node "$nproc" -- "${train[@]}" | grep -o '{.*}'
+  else
+    OMP_NUM_THREADS=1 "${train[@]}" | grep -o '{.*}'
+  fi
 }
 
-ours=(); theirs=(); ours_rss=(); theirs_rss=(); before=()
-for ((i = 1; i <= runs; i++)); do
-  if [[ -n ${BEFORE:-} ]]; then
-    b=$(ours_run "$BEFORE"); echo "before   run $i: $b"; before+=("$(field samples_per_s <<<"$b")")
+table="| model | precision | samples | batch/rank | lockstep 2 ranks | peer 2 ranks | vs peer | lockstep 1 proc | scaling | rank-0 RSS MiB (ours / peer) |"
+table+=$'\n'"|---|---|---|---|---|---|---|---|---|---|"
+extra=""
+port=29611
+for c in "${cases[@]}"; do
+  IFS=: read -r model precision limit batch <<<"$c"
+  case $precision in
+    fp32) ours_amp=(); peer_amp=() ;;
+    bf16) ours_amp=(--precision bf16); peer_amp=(--amp) ;;
+    *) echo "case '$c': PRECISION must be fp32 or bf16, not '$precision'" >&2; exit 2 ;;
+  esac
+  two=(); peer2=(); one=(); prof=(); before=(); rss=(); peer_rss=()
+  for ((i = 1; i <= runs; i++)); do
+    if [[ -n ${BEFORE:-} ]]; then
+      b=$(ours_run "$BEFORE" $ranks "$model" "$limit" "$batch" "${ours_amp[@]}"); echo "$c before   run $i: $b"
+      before+=("$(field samples_per_s <<<"$b")")
+    fi
+    o=$(ours_run build/lockstep $ranks "$model" "$limit" "$batch" "${ours_amp[@]}")
+    echo "$c lockstep run $i: $o"
+    port=$((port + 1))
+    p=$(cd "$peer" && OMP_NUM_THREADS=1 N=$ranks PORT=$port ./run_ddp.sh --model "$model" --epochs 1 --limit "$limit" \
+          --batch "$batch" --lr $lr "${peer_amp[@]}")
+    echo "$c peer     run $i: $p"
+    s=$(ours_run build/lockstep 1 "$model" "$limit" "$batch" "${ours_amp[@]}")
+    echo "$c single   run $i: $s"
+    two+=("$(field samples_per_s <<<"$o")"); peer2+=("$(field samples_per_s <<<"$p")")
+    one+=("$(field samples_per_s <<<"$s")")
+    rss+=("$(field peak_rss_mib <<<"$o")"); peer_rss+=("$(field peak_rss_mib <<<"$p")")
+    if [[ -n ${PROFILE:-} ]]; then
+      q=$(ours_run build/lockstep 1 "$model" "$limit" "$batch" "${ours_amp[@]}" --profile)
+      echo "$c profiled run $i: $q"; prof+=("$(field samples_per_s <<<"$q")")
+    fi
+  done
+  m2=$(printf '%s\n' "${two[@]}" | median); mp=$(printf '%s\n' "${peer2[@]}" | median)
+  m1=$(printf '%s\n' "${one[@]}" | median)
+  r=$(printf '%s\n' "${rss[@]}" | median); pr=$(printf '%s\n' "${peer_rss[@]}" | median)
+  table+=$'\n'"| $model | $precision | $limit | $batch | $m2 | $mp | $(ratio "$m2" "$mp")x | $m1 | $(ratio "$m2" "$m1")x | $r / $pr |"
+  if [[ -n ${PROFILE:-} ]]; then
+    mq=$(printf '%s\n' "${prof[@]}" | median)
+    extra+="$c: single process $m1 samples/s, with --profile $mq: overhead $(awk -v a="$mq" -v b="$m1" 'BEGIN {printf "%.1f", 100 * (1 - a / b)}')%"$'\n'
   fi
-  o=$(ours_run build/lockstep)
-  p=$(cd "$peer" && OMP_NUM_THREADS=1 N=$ranks PORT=$((29611 + i)) ./run_ddp.sh --epochs $epochs --limit "$limit" --batch $batch --lr $lr \
-        "${peer_amp[@]}")
-  echo "lockstep run $i: $o"; echo "peer     run $i: $p"
-  ours+=("$(field samples_per_s <<<"$o")"); theirs+=("$(field samples_per_s <<<"$p")")
-  ours_rss+=("$(field peak_rss_mib <<<"$o")"); theirs_rss+=("$(field peak_rss_mib <<<"$p")")
+  if [[ -n ${BEFORE:-} ]]; then
+    mb=$(printf '%s\n' "${before[@]}" | median)
+    extra+="$c: before $mb samples/s, after/before $(ratio "$m2" "$mb")x"$'\n'
+  fi
 done
-o=$(printf '%s\n' "${ours[@]}" | median); p=$(printf '%s\n' "${theirs[@]}" | median)
-orss=$(printf '%s\n' "${ours_rss[@]}" | median); prss=$(printf '%s\n' "${theirs_rss[@]}" | median)
-echo "median samples/s: lockstep $o, peer $p, ratio $(awk -v a="$o" -v b="$p" 'BEGIN {printf "%.2f", a / b}')"
-echo "median peak RSS of rank 0 (MiB): lockstep $orss, peer $prss"
-if [[ -n ${BEFORE:-} ]]; then
-  b=$(printf '%s\n' "${before[@]}" | median)
-  echo "median samples/s before: $b; after/before $(awk -v a="$o" -v b="$b" 'BEGIN {printf "%.3f", a / b}'), before/peer $(awk -v a="$b" -v b="$p" 'BEGIN {printf "%.2f", a / b}')"
-fi
+echo
+echo "medians of $runs alternating runs, $(date -u +%F), $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p')"
+echo "$table"
+[[ -z $extra ]] || printf '%s' "$extra"

@@ -130,11 +130,23 @@ torch::Tensor Amp::cast_output(const torch::Tensor& y) const {
   return half_model() && y.is_floating_point() ? y.to(torch::kFloat) : y;
 }
 
-void Amp::zero_grad() {
-  optimizer_->zero_grad();  // the masters' at O2, the model's own parameters at other levels
+void Amp::zero_grad(bool set_to_none) {
+  // The optimizer's parameters: the masters at O2, the model's own parameters at other levels.
+  if (set_to_none) {
+    for (auto& group : optimizer_->param_groups())
+      for (auto& p : group.params()) p.mutable_grad() = torch::Tensor();
+  } else {
+    optimizer_->zero_grad();
+  }
   if (level_ != OptLevel::kO2) return;
-  for (auto& p : model_params_)
-    if (p.grad().defined()) p.mutable_grad().zero_();
+  for (auto& p : model_params_) {
+    if (!p.grad().defined()) continue;
+    if (set_to_none) {
+      p.mutable_grad() = torch::Tensor();
+    } else {
+      p.mutable_grad().zero_();
+    }
+  }
 }
 
 void Amp::unscale_() {

@@ -24,6 +24,11 @@ std::string emit_mlp(const models::MLPImpl&, Scope& s, const std::string& x) {
   return s.child("fc2", s.op("Relu", {s.child("fc1", flatten(s, x))}));
 }
 
+// WideMLPImpl::forward: fc3(relu(fc2(relu(fc1(flatten(x)))))).
+std::string emit_wide_mlp(const models::WideMLPImpl&, Scope& s, const std::string& x) {
+  return s.child("fc3", s.op("Relu", {s.child("fc2", s.op("Relu", {s.child("fc1", flatten(s, x))}))}));
+}
+
 // ConvNetImpl::forward: fc(flatten(layer2(layer1(x)))).
 std::string emit_convnet(const models::ConvNetImpl&, Scope& s, const std::string& x) {
   return s.child("fc", flatten(s, s.child("layer2", s.child("layer1", x))));
@@ -61,6 +66,7 @@ std::string emit_channels_last_max_pool(Scope& s, const std::string& x) {
 
 void add_reference_model_emitters(EmitterRegistry& r) {
   r.add<models::MLPImpl>(emit_mlp);
+  r.add<models::WideMLPImpl>(emit_wide_mlp);
   r.add<models::ConvNetImpl>(emit_convnet);
   r.add<models::BasicBlockImpl>(emit_basic_block);
   r.add<models::ResNet18Impl>(emit_resnet18);

@@ -11,4 +11,14 @@ torch::Tensor MLPImpl::forward(torch::Tensor x) {
   return fc2->forward(torch::relu(fc1->forward(x.flatten(1))));
 }
 
+WideMLPImpl::WideMLPImpl(int64_t num_classes) {
+  fc1 = register_module("fc1", torch::nn::Linear(784, 4096));
+  fc2 = register_module("fc2", torch::nn::Linear(4096, 1024));
+  fc3 = register_module("fc3", torch::nn::Linear(1024, num_classes));
+}
+
+torch::Tensor WideMLPImpl::forward(torch::Tensor x) {
+  return fc3->forward(torch::relu(fc2->forward(torch::relu(fc1->forward(x.flatten(1))))));
+}
+
 }  // namespace lockstep::models

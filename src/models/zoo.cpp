@@ -14,7 +14,7 @@ void check_model_name(const std::string& name) {
 }
 
 const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names{"convnet", "mlp", "resnet18"};
+  static const std::vector<std::string> names{"convnet", "mlp", "mlp-wide", "resnet18"};
   return names;
 }
 
@@ -26,7 +26,7 @@ std::vector<int64_t> input_shape(const std::string& name) {
 
 bool has_norm_layers(const std::string& name) {
   check_model_name(name);
-  return name != "mlp";
+  return name == "convnet" || name == "resnet18";
 }
 
 std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_classes, const NormLayer& norm_layer) {
@@ -34,6 +34,7 @@ std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_clas
   TORCH_CHECK_VALUE(num_classes >= 1, "num_classes=", num_classes, " must be at least 1");
   if (name == "convnet") return std::make_shared<ConvNetImpl>(num_classes, norm_layer);
   if (name == "mlp") return std::make_shared<MLPImpl>(784, 256, num_classes);
+  if (name == "mlp-wide") return std::make_shared<WideMLPImpl>(num_classes);
   return std::make_shared<ResNet18Impl>(num_classes, norm_layer);
 }
 

@@ -101,6 +101,7 @@ DistributedDataParallel::DistributedDataParallel(torch::nn::AnyModule module, di
   ro.first_bucket_cap_bytes = std::min<int64_t>(ro.first_bucket_cap_bytes, ro.bucket_cap_bytes);
   ro.find_unused_parameters = options_.find_unused_parameters();
   ro.comm_hook = options_.comm_hook();
+  ro.gradient_as_bucket_view = options_.gradient_as_bucket_view();
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), group_, ro);
 }
 

@@ -33,7 +33,7 @@ LocalStrategy::~LocalStrategy() = default;
 
 double LocalStrategy::forward_backward(const std::vector<MicroBatch>& micro_batches, const LossFunction& loss) {
   TORCH_CHECK_VALUE(!micro_batches.empty(), name(), ": a step needs at least one micro-batch");
-  amp_->zero_grad();
+  amp_->zero_grad(/*set_to_none=*/true);  // as the peer does; see Amp::zero_grad
   double total = 0.0;
   for (size_t i = 0; i < micro_batches.size(); ++i)
     total += run_micro_batch(micro_batches[i], loss, total, i + 1 == micro_batches.size());

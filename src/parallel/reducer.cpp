@@ -136,13 +136,20 @@ void Reducer::mark_ready(int64_t index, bool used) {
   Bucket& b = buckets_[bucket_of_[index]];
   const int64_t slot = slot_of_[index];
   torch::Tensor dst = b.flat.narrow(0, b.offsets[slot], params_[index].numel());
-  const torch::Tensor& grad = params_[index].grad();
-  if (used && grad.defined()) {
+  torch::Tensor& param = params_[index];
+  const bool in_bucket = param.grad().defined() && param.grad().is_alias_of(b.flat);
+  if (used && param.grad().defined()) {
     // Divided on the way into the bucket, before the sum (as PyTorch does): one pass, and 16-bit
-    // wire values stay in range.
-    torch::div_out(dst, grad.reshape(-1), b.world);
+    // wire values stay in range. See Note [Gradients as bucket views].
+    if (in_bucket) {
+      dst.div_(b.world);
+    } else {
+      torch::div_out(dst, param.grad().reshape(-1), b.world);
+      if (options_.gradient_as_bucket_view) param.mutable_grad() = dst.view(param.sizes()).detach();
+    }
     locally_used_.data_ptr<int32_t>()[index] = 1;
   } else {
+    if (in_bucket) param.mutable_grad() = param.grad().clone();
     dst.zero_();
   }
   if (--b.pending == 0) launch_ready_buckets();
@@ -204,8 +211,11 @@ void Reducer::finalize() {
       const int64_t i = b.params[s];
       if (used_by != nullptr && used_by[i] == 0) continue;
       torch::Tensor& p = params_[i];
+      if (p.grad().defined() && p.grad().is_alias_of(b.flat)) continue;  // the average is in place
       torch::Tensor avg = b.flat.narrow(0, b.offsets[s], p.numel()).view(p.sizes());
-      if (p.grad().defined()) {
+      if (options_.gradient_as_bucket_view) {
+        p.mutable_grad() = avg.detach();
+      } else if (p.grad().defined()) {
         p.mutable_grad().copy_(avg);
       } else {
         p.mutable_grad() = avg.clone();

@@ -142,6 +142,27 @@ TEST(OptLevel, O2MastersAreFp32AndHalfWeightsEqualRoundedMastersAfterAStep) {
   }
 }
 
+// zero_grad() zeroes in place; zero_grad(set_to_none) drops the masters' and the half model's
+// gradients, as Python's optimizer.zero_grad(set_to_none=True) does.
+TEST(OptLevel, O2ZeroGradZeroesOrDropsBothMasterAndHalfGradients) {
+  auto model = std::make_shared<models::ConvNetImpl>();
+  auto opt = sgd(*model);
+  Amp amp = initialize(*model, opt, OptLevel::kO2);
+  const auto params = model->parameters();
+  train_step(amp, *model, [&](torch::Tensor x) { return model->forward(x); }, random_batch(8, 1));
+  amp.zero_grad();
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(params[i].grad().defined() && amp.master_params()[i].grad().defined()) << i;
+    EXPECT_EQ(params[i].grad().abs().max().item<double>(), 0.0) << i;
+    EXPECT_EQ(amp.master_params()[i].grad().abs().max().item<double>(), 0.0) << i;
+  }
+  amp.zero_grad(/*set_to_none=*/true);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_FALSE(params[i].grad().defined()) << i;
+    EXPECT_FALSE(amp.master_params()[i].grad().defined()) << i;
+  }
+}
+
 // After unscale_(), each master's gradient is its half parameter's gradient / scale, exactly
 // (the scale is a power of 2), so clipping master_params() gradients clips the true ones.
 TEST(OptLevel, O2UnscaleGivesMastersTheTrueGradients) {

@@ -44,7 +44,7 @@ TEST(Models, ZooBuildsEachModelWithPythonSizes) {
     size_t keys;
     int64_t params;
   };
-  for (const Expect& e : {Expect{"convnet", 16, 29034}, Expect{"mlp", 4, 203530},
+  for (const Expect& e : {Expect{"convnet", 16, 29034}, Expect{"mlp", 4, 203530}, Expect{"mlp-wide", 6, 7420938},
                           Expect{"resnet18", 122, 11173962}}) {
     auto model = make_model(e.name);
     EXPECT_EQ(state_dict(*model).size(), e.keys) << e.name;
@@ -76,7 +76,7 @@ TEST(Models, NormLayersComeFromTheFactoryAndHasNormLayersKnowsWhichModelsHaveThe
 TEST(Models, UnknownModelNamesTheValueAndTheChoices) {
   std::string msg = testing::error_message([] { make_model("vgg"); });
   EXPECT_THAT(msg, HasSubstr("'vgg'"));
-  EXPECT_THAT(msg, HasSubstr("convnet, mlp, resnet18"));
+  EXPECT_THAT(msg, HasSubstr("convnet, mlp, mlp-wide, resnet18"));
 }
 
 // Python reads what --save-model writes, loads it strictly into the equivalent module, and its
@@ -116,7 +116,7 @@ TEST_P(PythonReadsStateDict, TorchLoadAndStrictLoadStateDictGiveOurLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModels, PythonReadsStateDict,
-                         ::testing::Values("convnet", "mlp", "resnet18"));
+                         ::testing::Values("convnet", "mlp", "mlp-wide", "resnet18"));
 
 }  // namespace
 }  // namespace lockstep::models

@@ -151,6 +151,52 @@ TEST(DistributedDataParallel, NoSyncAccumulationEqualsOneLargeBatch) {
   });
 }
 
+// See Note [Gradients as bucket views]: with the option, .grad aliases the bucket (no copy back),
+// and training is bit for bit what it is without it, through optimizer.zero_grad() (in place) and
+// set-to-none zeroing, with accumulation under no_sync.
+TEST(DistributedDataParallel, GradientsAsBucketViewsAliasTheBucketAndChangeNoBit) {
+  constexpr int64_t kB = 8, kSteps = 3;
+  const Data d = random_data(2 * kB * 2 * kSteps, 6);
+  auto initial = std::make_shared<models::MLPImpl>();
+  run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
+    std::vector<std::shared_ptr<models::MLPImpl>> models;
+    for (bool as_view : {false, true}) {
+      for (bool set_to_none : {false, true}) {
+        auto model = std::make_shared<models::MLPImpl>();
+        copy_state(*initial, *model);
+        DistributedDataParallel ddp(model, group, DistributedDataParallelOptions().gradient_as_bucket_view(as_view));
+        auto opt = sgd(*model);
+        const void* first_grad = nullptr;
+        for (int64_t k = 0; k < kSteps; ++k) {
+          if (set_to_none) {
+            for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+          } else {
+            opt.zero_grad();
+          }
+          for (int64_t m = 0; m < 2; ++m) {  // two micro-batches, the first under no_sync
+            const int64_t start = ((k * 2 + m) * 2 + rank) * kB;
+            auto loss = [&] { return F::cross_entropy(ddp.forward(d.x.narrow(0, start, kB)), d.y.narrow(0, start, kB)) / 2; };
+            if (m == 0) {
+              auto guard = ddp.no_sync();
+              loss().backward();
+            } else {
+              loss().backward();
+            }
+          }
+          // The MLP's 0.8 MB of gradients fill one bucket: as views, they share its storage.
+          EXPECT_EQ(model->fc1->weight.grad().is_alias_of(model->fc2->weight.grad()), as_view) << "step " << k;
+          const void* grad = model->fc1->weight.grad().data_ptr();
+          if (k == 0) first_grad = grad;
+          if (as_view) EXPECT_EQ(grad, first_grad) << "step " << k;  // the bucket's memory, every step
+          opt.step();
+        }
+        models.push_back(model);
+      }
+    }
+    for (size_t i = 1; i < models.size(); ++i) EXPECT_EQ(max_abs_diff(*models[0], *models[i]), 0.0) << i;
+  });
+}
+
 // An MLP with a head that forward uses only when asked.
 struct TwoHeadsImpl : torch::nn::Module {
   TwoHeadsImpl() {

@@ -33,6 +33,17 @@ class MLP(nn.Module):
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
+class WideMLP(nn.Module):
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 4096)
+        self.fc2 = nn.Linear(4096, 1024)
+        self.fc3 = nn.Linear(1024, num_classes)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x.flatten(1))))))
+
+
 class BasicBlock(nn.Module):
     def __init__(self, in_planes, planes, stride):
         super().__init__()
@@ -68,7 +79,7 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
-MODELS = {"convnet": (ConvNet, (1, 28, 28)), "mlp": (MLP, (1, 28, 28)), "resnet18": (ResNet18, (3, 32, 32))}
+MODELS = {"convnet": (ConvNet, (1, 28, 28)), "mlp": (MLP, (1, 28, 28)), "mlp-wide": (WideMLP, (1, 28, 28)), "resnet18": (ResNet18, (3, 32, 32))}
 
 
 def main():

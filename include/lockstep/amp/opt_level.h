@@ -87,7 +87,10 @@ class Amp {
   torch::Tensor cast_output(const torch::Tensor& y) const;
 
   // Zeroes the optimizer's gradients, and at O2 the model's half ones too (one pass per tensor).
-  void zero_grad();
+  // set_to_none (Python's optimizer.zero_grad(set_to_none=True)) drops them instead: no pass, and
+  // the next backward hands its gradients over instead of adding them to zeros. A parameter that
+  // then gets no gradient keeps none, and the optimizer skips it, as in PyTorch.
+  void zero_grad(bool set_to_none = false);
   torch::Tensor scale_loss(const torch::Tensor& loss) const { return scaler_.scale(loss); }
   // O2: copies the model's half gradients into the masters' fp32 .grad. Then divides the
   // optimizer's gradients by the loss scale. Optional; step() does it when not done.

@@ -18,4 +18,18 @@ class MLPImpl : public Classifier {
 };
 TORCH_MODULE(MLP);
 
+// Flatten, Linear(784, 4096), ReLU, Linear(4096, 1024), ReLU, Linear(1024, num_classes): 7.4M
+// parameters (29.7 MB of fp32 gradients per step) and little arithmetic per sample, so at small
+// batches a DDP step is bound by the gradient all-reduce, not by compute. The peer's WideMLP
+// (../shared/peer/fmnist_ddp.py --model mlp-wide), layer for layer.
+// Keys: fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc3.weight, fc3.bias.
+class WideMLPImpl : public Classifier {
+ public:
+  explicit WideMLPImpl(int64_t num_classes = 10);
+  torch::Tensor forward(torch::Tensor x) override;
+
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(WideMLP);
+
 }  // namespace lockstep::models

@@ -9,7 +9,7 @@
 
 namespace lockstep::models {
 
-// The reference models by name: "convnet", "mlp", "resnet18".
+// The reference models by name: "convnet", "mlp", "mlp-wide", "resnet18".
 const std::vector<std::string>& model_names();
 
 // Throws c10::ValueError naming `name` and the known names when it is not a reference model.
@@ -22,7 +22,7 @@ std::vector<int64_t> input_shape(const std::string& name);
 bool has_norm_layers(const std::string& name);
 
 // A freshly initialised reference model (initialisation follows torch.manual_seed), its norm
-// layers built by `norm_layer` (see Note [Norm layer factory]; the mlp has none).
+// layers built by `norm_layer` (see Note [Norm layer factory]; the MLPs have none).
 // Throws c10::ValueError naming the model and the known names for an unknown name.
 std::shared_ptr<Classifier> make_model(const std::string& name, int64_t num_classes = 10,
                                        const NormLayer& norm_layer = batch_norm_2d);

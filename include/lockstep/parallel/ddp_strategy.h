@@ -11,11 +11,14 @@ namespace lockstep::parallel {
 // copied to every rank once, before amp converts the model (one broadcast; mismatched models end
 // every rank with DDP's error naming the first difference), then every micro-batch but the step's
 // last runs under no_sync, so gradients travel once per optimizer step, bucketed during the last
-// backward.
+// backward. Gradients are views of their buckets by default: the strategy drops them itself
+// before each step (zero_grad with set_to_none), so nothing else holds them (see Note [Gradients
+// as bucket views]).
 class DdpStrategy : public LocalStrategy {
  public:
   // options.group() is required.
-  DdpStrategy(torch::nn::AnyModule model, StrategyOptions options, DistributedDataParallelOptions ddp = {});
+  DdpStrategy(torch::nn::AnyModule model, StrategyOptions options,
+              DistributedDataParallelOptions ddp = DistributedDataParallelOptions().gradient_as_bucket_view(true));
   ~DdpStrategy() override;
 
   std::string name() const override { return "ddp"; }

@@ -17,6 +17,9 @@ struct DistributedDataParallelOptions {
   TORCH_ARG(bool, broadcast_buffers) = true;       // rank 0's buffers (BN statistics) each forward,
                                                    // except SyncBatchNorm's (equal on every rank)
   TORCH_ARG(CommHook, comm_hook) = CommHook::kNone;
+  // Each .grad a view of its bucket slot, so averages need no copy back (see Note [Gradients as
+  // bucket views]); off by default, as in PyTorch.
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
   // sync_module_states() at construction (PyTorch's init_sync). Turn off when the ranks already
   // hold rank 0's weights, e.g. synced before amp::initialize as DdpStrategy does.
   TORCH_ARG(bool, init_sync) = true;

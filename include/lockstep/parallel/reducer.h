@@ -26,6 +26,7 @@ struct ReducerOptions {
   int64_t first_bucket_cap_bytes = 1024 * 1024;  // small, so the first all-reduce starts early
   bool find_unused_parameters = false;
   CommHook comm_hook = CommHook::kNone;
+  bool gradient_as_bucket_view = false;  // see Note [Gradients as bucket views]
 };
 
 // What the last synchronised backward did, to observe overlap and bucketing.
@@ -43,6 +44,17 @@ struct ReducerStats {
 // index order, so every rank issues the same collectives in the same order. A callback queued on
 // the autograd engine runs when backward ends: it waits for every bucket, averages, and copies the
 // result back into each parameter's .grad, so optimizer.step() sees averaged gradients.
+//
+// Note [Gradients as bucket views]
+// With gradient_as_bucket_view (PyTorch's option of the same name) a parameter's .grad becomes a
+// view of its slot in the bucket once its gradient has been copied there, so finalize() copies
+// nothing back: the all-reduce leaves the average in .grad itself. Later backwards accumulate into
+// the view in place and only divide it there; after zero_grad(set_to_none) the gradient is handed
+// over again and copied once. Per step that is one pass over the gradients instead of three (zero,
+// copy in, copy out), which counts for wide models whose step is bound by memory and the network.
+// The view is an alias without autograd view metadata, so optimizer.zero_grad()'s detach_()
+// works on it. A parameter left unused by this backward takes its local gradient out of the
+// bucket before the bucket's slot is zeroed.
 class Reducer {
  public:
   Reducer(std::vector<torch::Tensor> params, std::vector<std::string> names,
