@@ -95,6 +95,9 @@ void TrainOptions::validate() const {
     TORCH_CHECK_VALUE(false, "--sync-bn: model '", model(), "' has no BatchNorm layer to synchronise; choose one that has (",
                       c10::Join(", ", with_bn), ") or drop --sync-bn");
   }
+  TORCH_CHECK_VALUE(limit() >= 0, "limit=", limit(), " must be >= 0 (0 means all samples)");
+  TORCH_CHECK_VALUE(epochs() >= 1, "epochs=", epochs(), " must be at least 1");
+  TORCH_CHECK_VALUE(batch_size() >= 1, "batch size ", batch_size(), " must be at least 1");
   const bool pipeline = strategy() == parallel::StrategyKind::kPipeline;
   TORCH_CHECK_VALUE(pipeline || (stages() == 0 && micro_batches() == 1 && split().empty() &&
                                  schedule() == parallel::PipelineSchedule::kGPipe),
@@ -106,9 +109,6 @@ void TrainOptions::validate() const {
                     batch_size(), " micro-batches or a larger batch");
   TORCH_CHECK_VALUE(split().empty() || stages() == 0 || static_cast<int64_t>(split().size()) == stages(), "--split has ",
                     split().size(), " entries but --stages is ", stages(), ": give one block count per stage");
-  TORCH_CHECK_VALUE(limit() >= 0, "limit=", limit(), " must be >= 0 (0 means all samples)");
-  TORCH_CHECK_VALUE(epochs() >= 1, "epochs=", epochs(), " must be at least 1");
-  TORCH_CHECK_VALUE(batch_size() >= 1, "batch size ", batch_size(), " must be at least 1");
   optimizer_options().validate();
   TORCH_CHECK_VALUE(threads() >= 0, "threads=", threads(), " must be >= 0 (0 means automatic)");
   TORCH_CHECK_VALUE(threads() <= available_cores(), "threads=", threads(), " exceeds the ", available_cores(),
