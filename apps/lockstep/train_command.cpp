@@ -63,6 +63,9 @@ Command add_train_command(CLI::App& app) {
                                           "How ranks hold and step the model", "ddp under a launcher, else local");
   cmd->add_flag("--sync-bn", o->sync_bn(),
                 "SyncBatchNorm: BatchNorm statistics over the global batch of all ranks (needs a launcher)");
+  cmd->add_flag("--checkpoint-activations", o->checkpoint_activations(),
+                "Recompute each block's activations in backward instead of keeping them (less memory, one more "
+                "forward)");
   cmd->add_option("--data-dir", o->data_dir(), "Directory with the Fashion-MNIST IDX files");
   cmd->add_option("--limit", o->limit(), "Use only the first N training samples (0: all)")
       ->check(cli::non_negative_count());
@@ -131,6 +134,19 @@ Command add_train_command(CLI::App& app) {
       ->group(mp);
   cmd->add_flag("--report-memory", o->report_memory(), "Every rank prints its parameter, gradient and optimizer bytes")
       ->group(mp);
+
+  auto* pipe = "Pipeline (--strategy pipeline)";
+  cmd->add_option("--stages", o->stages(), "Pipeline stages, one per rank (default: the world size)")
+      ->check(cli::non_negative_count())->group(pipe);
+  cmd->add_option("--micro-batches", o->micro_batches(), "Pipeline micro-batches each batch is split into")
+      ->check(cli::positive_count())->group(pipe);
+  add_enum_option<parallel::PipelineSchedule>(cmd, "--schedule", parallel::pipeline_schedule_names(),
+                                              [o](auto v) { o->schedule(v); },
+                                              "gpipe: all forwards, then all backwards; 1f1b: one forward, one "
+                                              "backward (fewer activations alive)", "gpipe")
+      ->group(pipe);
+  cmd->add_option("--split", o->split(), "Blocks per stage, e.g. 6,4 (default: balanced by parameter count)")
+      ->delimiter(',')->group(pipe);
 
   auto* ckpt = "Checkpoints";
   cmd->add_option("--checkpoint-dir", o->checkpoint_dir(), "Write checkpoints (step-N.pt) here, at each epoch end")

@@ -257,6 +257,23 @@ void ProcessGroup::all_gather_into(torch::Tensor& output, const torch::Tensor& i
   wait(backend_->allgather(outs, in), "all_gather_into");
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroup::send_async(const torch::Tensor& tensor, int64_t peer, int64_t tag) {
+  TORCH_CHECK_VALUE(peer >= 0 && peer < size_ && peer != rank_, "send from rank ", rank_, ": peer ", peer,
+                    " is not another rank of a group of ", size_);
+  TORCH_CHECK_VALUE(tensor.is_contiguous(), "send from rank ", rank_, " to rank ", peer, ": the tensor must be contiguous");
+  std::vector<torch::Tensor> ts{as_wire_words(tensor)};
+  return backend_->send(ts, static_cast<int>(peer), static_cast<int>(tag));
+}
+
+void ProcessGroup::recv(torch::Tensor& tensor, int64_t peer, int64_t tag, const std::string& what) {
+  TORCH_CHECK_VALUE(peer >= 0 && peer < size_ && peer != rank_, "recv on rank ", rank_, ": peer ", peer,
+                    " is not another rank of a group of ", size_);
+  TORCH_CHECK_VALUE(tensor.is_contiguous(), "recv on rank ", rank_, " from rank ", peer, ": the tensor must be contiguous");
+  std::vector<torch::Tensor> ts{as_wire_words(tensor)};
+  const std::string description = "receiving " + what + " from rank " + std::to_string(peer);
+  wait(backend_->recv(ts, static_cast<int>(peer), static_cast<int>(tag)), description.c_str());
+}
+
 double ProcessGroup::average(double value) {
   torch::Tensor t = torch::tensor({value}, torch::kFloat64);
   all_reduce(t, ReduceOp::kMean);

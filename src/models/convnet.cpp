@@ -44,8 +44,12 @@ ConvNetImpl::ConvNetImpl(int64_t num_classes, const NormLayer& norm_layer) {
   fc = register_module("fc", torch::nn::Linear(7 * 7 * 32, num_classes));
 }
 
-torch::Tensor ConvNetImpl::forward(torch::Tensor x) {
-  return fc->forward(layer2->forward(layer1->forward(x)).flatten(1));
+std::vector<Block> ConvNetImpl::blocks() {
+  auto l1 = layer1.ptr(), l2 = layer2.ptr();
+  auto head = fc.ptr();
+  return {{"layer1", {l1}, [l1](const torch::Tensor& x) { return l1->forward(x); }},
+          {"layer2", {l2}, [l2](const torch::Tensor& x) { return l2->forward(x); }},
+          {"fc", {head}, [head](const torch::Tensor& x) { return head->forward(x.flatten(1)); }}};
 }
 
 }  // namespace lockstep::models

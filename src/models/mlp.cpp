@@ -7,8 +7,10 @@ MLPImpl::MLPImpl(int64_t in_features, int64_t hidden, int64_t num_classes) {
   fc2 = register_module("fc2", torch::nn::Linear(hidden, num_classes));
 }
 
-torch::Tensor MLPImpl::forward(torch::Tensor x) {
-  return fc2->forward(torch::relu(fc1->forward(x.flatten(1))));
+std::vector<Block> MLPImpl::blocks() {
+  auto l1 = fc1.ptr(), l2 = fc2.ptr();
+  return {{"fc1", {l1}, [l1](const torch::Tensor& x) { return torch::relu(l1->forward(x.flatten(1))); }},
+          {"fc2", {l2}, [l2](const torch::Tensor& x) { return l2->forward(x); }}};
 }
 
 WideMLPImpl::WideMLPImpl(int64_t num_classes) {

@@ -45,10 +45,25 @@ ResNet18Impl::ResNet18Impl(int64_t num_classes, const NormLayer& norm_layer) {
   fc = register_module("fc", nn::Linear(512, num_classes));
 }
 
-torch::Tensor ResNet18Impl::forward(torch::Tensor x) {
-  x = torch::relu(bn1.forward(conv1->forward(x)));
-  x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
-  return fc->forward(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
+std::vector<Block> ResNet18Impl::blocks() {
+  auto stem_conv = conv1.ptr();
+  auto stem_norm = bn1;
+  std::vector<Block> out{{"stem", {stem_conv, stem_norm.ptr()}, [stem_conv, stem_norm](const torch::Tensor& x) mutable {
+                            return torch::relu(stem_norm.forward(stem_conv->forward(x)));
+                          }}};
+  const std::vector<std::pair<std::string, nn::Sequential>> stages{
+      {"layer1", layer1}, {"layer2", layer2}, {"layer3", layer3}, {"layer4", layer4}};
+  for (const auto& [name, stage] : stages) {
+    for (size_t i = 0; i < stage->size(); ++i) {
+      auto block = std::dynamic_pointer_cast<BasicBlockImpl>(stage->ptr(i));
+      out.push_back({name + "." + std::to_string(i), {block}, [block](const torch::Tensor& x) { return block->forward(x); }});
+    }
+  }
+  auto head = fc.ptr();
+  out.push_back({"fc", {head}, [head](const torch::Tensor& x) {
+                   return head->forward(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
+                 }});
+  return out;
 }
 
 }  // namespace lockstep::models

@@ -3,11 +3,12 @@
 #include "lockstep/core/names.h"
 #include "lockstep/parallel/ddp_strategy.h"
 #include "lockstep/parallel/local_strategy.h"
+#include "lockstep/parallel/pipeline_strategy.h"
 
 namespace lockstep::parallel {
 
 const std::vector<std::string>& strategy_names() {
-  static const std::vector<std::string> names{"local", "ddp"};
+  static const std::vector<std::string> names{"local", "ddp", "pipeline"};
   return names;
 }
 
@@ -26,6 +27,8 @@ std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule 
       return std::make_unique<LocalStrategy>(std::move(model), std::move(options));
     case StrategyKind::kDdp:
       return std::make_unique<DdpStrategy>(std::move(model), std::move(options));
+    case StrategyKind::kPipeline:
+      return std::make_unique<PipelineStrategy>(std::move(model), std::move(options));
   }
   TORCH_CHECK(false, "unhandled strategy ", static_cast<int>(kind));
 }

@@ -98,6 +98,17 @@ void TrainOptions::validate() const {
   TORCH_CHECK_VALUE(limit() >= 0, "limit=", limit(), " must be >= 0 (0 means all samples)");
   TORCH_CHECK_VALUE(epochs() >= 1, "epochs=", epochs(), " must be at least 1");
   TORCH_CHECK_VALUE(batch_size() >= 1, "batch size ", batch_size(), " must be at least 1");
+  const bool pipeline = strategy() == parallel::StrategyKind::kPipeline;
+  TORCH_CHECK_VALUE(pipeline || (stages() == 0 && micro_batches() == 1 && split().empty() &&
+                                 schedule() == parallel::PipelineSchedule::kGPipe),
+                    "--stages, --micro-batches, --schedule and --split set a pipeline: add --strategy pipeline");
+  TORCH_CHECK_VALUE(stages() >= 0, "--stages ", stages(), " must be >= 1 (0: one stage per rank)");
+  TORCH_CHECK_VALUE(micro_batches() >= 1, "--micro-batches ", micro_batches(), " must be at least 1");
+  TORCH_CHECK_VALUE(micro_batches() <= batch_size(), "--micro-batches ", micro_batches(), " is larger than the batch (",
+                    "--batch-size ", batch_size(), "): every micro-batch needs at least one sample; use at most ",
+                    batch_size(), " micro-batches or a larger batch");
+  TORCH_CHECK_VALUE(split().empty() || stages() == 0 || static_cast<int64_t>(split().size()) == stages(), "--split has ",
+                    split().size(), " entries but --stages is ", stages(), ": give one block count per stage");
   optimizer_options().validate();
   TORCH_CHECK_VALUE(threads() >= 0, "threads=", threads(), " must be >= 0 (0 means automatic)");
   TORCH_CHECK_VALUE(threads() <= available_cores(), "threads=", threads(), " exceeds the ", available_cores(),
@@ -183,7 +194,12 @@ parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* gro
       .clip_value(clip_value())
       .clip_norm(clip_norm())
       .group(group)
-      .profiler(profiler);
+      .profiler(profiler)
+      .pipeline(parallel::PipelineOptions()
+                    .stages(stages() > 0 ? stages() : static_cast<int64_t>(split().size()))
+                    .micro_batches(micro_batches())
+                    .schedule(schedule())
+                    .split(split()));
   const std::string scale = resolved_loss_scale();
   if (scale == "none") {
     s.loss_scale(amp::GradScalerOptions().enabled(false));

@@ -16,6 +16,7 @@
 #include "lockstep/log/run_log.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/models/zoo.h"
+#include "lockstep/parallel/checkpoint.h"
 #include "lockstep/train/checkpointer.h"
 #include "lockstep/train/evaluate.h"
 
@@ -45,15 +46,13 @@ class TrainingRun {
     result_.rank = world_.rank;
 
     data_ = load_data(o);
-    sampler_ = std::make_unique<data::DistributedSampler>(
-        data_.train.size(),
-        data::DistributedSamplerOptions().num_replicas(world_.world_size).rank(world_.rank).seed(o.seed()));
     checkpointer_ = std::make_unique<Checkpointer>(
         CheckpointerOptions().dir(o.checkpoint_dir()).save_every(o.save_every()).keep_last(o.keep_last()).resume(o.resume()),
         o.run_settings(world_.world_size), group_.get());
 
     // The weights are final before the strategy converts, broadcasts or shards them.
     auto model = models::make_model(o.model(), data_.train.num_classes, o.norm_layer(group_.get()));
+    if (o.checkpoint_activations()) model->set_block_runner(parallel::checkpoint_block);
     if (!o.init_weights().empty()) models::load_state_dict_file(*model, o.init_weights());
     const std::optional<Checkpoint> checkpoint = checkpointer_->load_resume(o.epochs());
     if (checkpoint)
@@ -62,8 +61,14 @@ class TrainingRun {
     strategy_ = parallel::make_strategy(o.resolved_strategy(world_.world_size), torch::nn::AnyModule(model),
                                         o.strategy_options(group_.get(), &profiler_));
     pos_ = checkpointer_->restore(checkpoint, *strategy_);
+    // Each replica of the model (a rank, or a pipeline's stages) reads its share of the data.
+    const int64_t ranks_per_replica = strategy_->ranks_per_replica();
+    replicas_ = world_.world_size / ranks_per_replica;
+    sampler_ = std::make_unique<data::DistributedSampler>(
+        data_.train.size(), data::DistributedSamplerOptions().num_replicas(replicas_).rank(world_.rank / ranks_per_replica)
+                                .seed(o.seed()));
     const int64_t micro_batches = (sampler_->num_samples() + o.batch_size() - 1) / o.batch_size();
-    schedule_ = std::make_unique<LrSchedule>(o.lr_schedule_options(world_.world_size, micro_batches));
+    schedule_ = std::make_unique<LrSchedule>(o.lr_schedule_options(replicas_, micro_batches));
     if (leader_)
       log_ = log::RunLog(log::RunLogOptions().jsonl(o.log_jsonl()).append(!checkpointer_->resumed_from().empty())
                              .tensorboard(o.tensorboard()));
@@ -86,9 +91,12 @@ class TrainingRun {
     result_.skipped_steps = pos_.skipped_steps;
     report_memory(strategy_->memory());
     if (profiler_.enabled()) result_.profile = profiler_.report();
+    if (!o_.save_model().empty()) {
+      const auto weights = strategy_->model_state_dict();  // collective (see Strategy::model_state_dict)
+      if (leader_) models::save_state_dict(weights, o_.save_model());
+    }
     if (leader_) {
       if (!o_.trace().empty()) profiler_.write_chrome_trace(o_.trace(), world_.rank);
-      if (!o_.save_model().empty()) models::save_state_dict(strategy_->model_state_dict(), o_.save_model());
       log_.close();
     }
     if (group_) group_->barrier();  // nobody exits (tearing the group down) while rank 0 still writes
@@ -117,7 +125,7 @@ class TrainingRun {
         auto phase = profiler_.scope(Phase::kLogging);
         if (show) progress.update(sample_end, loss);
         if (pos_.step % o_.log_every() == 0)
-          log_step(loss, static_cast<double>((sample_end - first * b) * world_.world_size) / seconds_since(t0));
+          log_step(loss, static_cast<double>((sample_end - first * b) * replicas_) / seconds_since(t0));
       }
       profiler_.end_step();
       if (checkpointer_->due(pos_.step) && end < micro_batches) checkpointer_->save(pos_, *strategy_);
@@ -130,7 +138,7 @@ class TrainingRun {
     er.train_loss = average(pos_.epoch_steps > 0 ? pos_.epoch_loss_sum / static_cast<double>(pos_.epoch_steps) : NAN);
     er.test_acc = evaluate_model();
     result_.train_s += er.train_s;
-    result_.samples += (n - std::min(n, first * b)) * world_.world_size;  // every rank has n (padding)
+    result_.samples += (n - std::min(n, first * b)) * replicas_;  // every replica has n (padding)
     result_.epochs.push_back(er);
     if (show) {
       std::printf("epoch %lld/%lld done: train_loss %.4f test_acc %.4f (%.2f s)\n", static_cast<long long>(er.epoch),
@@ -240,6 +248,7 @@ class TrainingRun {
   std::unique_ptr<data::DistributedSampler> sampler_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<parallel::Strategy> strategy_;
+  int64_t replicas_ = 1;  // data-parallel replicas: world size / strategy's ranks per replica
   std::unique_ptr<LrSchedule> schedule_;
   log::RunLog log_;
   TrainingPosition pos_;

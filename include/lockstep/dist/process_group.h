@@ -68,6 +68,12 @@ class ProcessGroup {
   void all_gather_into(torch::Tensor& output, const torch::Tensor& input);
   // Returns when every rank has arrived; on timeout the error names the ranks that did not.
   void barrier();
+  // Point-to-point, paired by (peer, tag) in the order posted: send_async starts sending
+  // `tensor` (contiguous; keep it unchanged until the work is waited on) to rank `peer`; recv
+  // fills `tensor` (contiguous, the sender's shape and dtype) from `peer` within the group's
+  // timeout. Errors name this rank, the peer and `what` ("activations of micro-batch 3").
+  c10::intrusive_ptr<c10d::Work> send_async(const torch::Tensor& tensor, int64_t peer, int64_t tag);
+  void recv(torch::Tensor& tensor, int64_t peer, int64_t tag, const std::string& what);
   // The mean of a scalar over all ranks (the reduce_tensor helper of PyTorch DDP scripts).
   double average(double value);
 

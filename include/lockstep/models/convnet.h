@@ -17,7 +17,8 @@ namespace lockstep::models {
 class ConvNetImpl : public Classifier {
  public:
   explicit ConvNetImpl(int64_t num_classes = 10, const NormLayer& norm_layer = batch_norm_2d);
-  torch::Tensor forward(torch::Tensor x) override;
+  // layer1, layer2, fc (flatten and fc); see Note [Model blocks].
+  std::vector<Block> blocks() override;
 
   torch::nn::Sequential layer1{nullptr}, layer2{nullptr};
   torch::nn::Linear fc{nullptr};

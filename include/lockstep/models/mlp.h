@@ -12,7 +12,8 @@ namespace lockstep::models {
 class MLPImpl : public Classifier {
  public:
   explicit MLPImpl(int64_t in_features = 784, int64_t hidden = 256, int64_t num_classes = 10);
-  torch::Tensor forward(torch::Tensor x) override;
+  // fc1 (flatten, fc1, ReLU), fc2; see Note [Model blocks].
+  std::vector<Block> blocks() override;
 
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };

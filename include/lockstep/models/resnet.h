@@ -27,7 +27,8 @@ TORCH_MODULE(BasicBlock);
 class ResNet18Impl : public Classifier {
  public:
   explicit ResNet18Impl(int64_t num_classes = 10, const NormLayer& norm_layer = batch_norm_2d);
-  torch::Tensor forward(torch::Tensor x) override;
+  // stem (conv1, bn1, ReLU), layer1.0 ... layer4.1, fc (pool, flatten, fc); see Note [Model blocks].
+  std::vector<Block> blocks() override;
 
   torch::nn::Conv2d conv1{nullptr};
   torch::nn::AnyModule bn1;  // norm_layer(64)

@@ -18,6 +18,7 @@
 #include "lockstep/amp/opt_level.h"
 #include "lockstep/core/step_profiler.h"
 #include "lockstep/dist/process_group.h"
+#include "lockstep/parallel/pipeline_schedule.h"
 
 namespace lockstep::parallel {
 
@@ -33,8 +34,8 @@ namespace lockstep::parallel {
 
 // The built-in strategies. strategy_names() lists them in this order, once, for the CLI, its help
 // and its errors.
-enum class StrategyKind { kLocal, kDdp };
-const std::vector<std::string>& strategy_names();  // "local", "ddp"
+enum class StrategyKind { kLocal, kDdp, kPipeline };
+const std::vector<std::string>& strategy_names();  // "local", "ddp", "pipeline"
 StrategyKind parse_strategy(const std::string& name);  // error lists strategy_names()
 std::string to_string(StrategyKind kind);
 
@@ -70,6 +71,7 @@ struct StrategyOptions {
   TORCH_ARG(double, clip_norm) = 0.0;   // then scale to total L2 norm <= n; 0: off
   TORCH_ARG(ProcessGroupPtr, group) = nullptr;      // the ranks that train together; null: one process
   TORCH_ARG(StepProfilerPtr, profiler) = nullptr;   // phases of the step, when set
+  TORCH_ARG(PipelineOptions, pipeline) = {};        // the pipeline strategy's stages and schedule
 };
 
 // The outcome of Strategy::step().
@@ -114,8 +116,15 @@ class Strategy {
   // The current loss scale, 0 without loss scaling.
   virtual double loss_scale() const = 0;
 
+  // How many consecutive ranks hold one replica of the model and read the same batches: 1 when
+  // every rank is a replica (data parallel), the stage count for a pipeline (ranks r*K .. r*K+K-1
+  // are replica r's stages). The training loop gives each replica its DistributedSampler share.
+  virtual int64_t ranks_per_replica() const { return 1; }
+
   // What a checkpoint holds, in PyTorch's layouts. The model's fp32 state dict (O2: the masters,
-  // not the half copies); Python's load_state_dict accepts it.
+  // not the half copies); Python's load_state_dict accepts it. Collective, like
+  // training_state_dict(): every rank calls both, and a strategy whose state is spread over ranks
+  // gathers it there; rank 0's result is what is saved.
   virtual c10::Dict<std::string, torch::Tensor> model_state_dict() = 0;
   // {"optimizer": optimizer.state_dict(), "scaler": GradScaler.state_dict() or {}}.
   virtual c10::impl::GenericDict training_state_dict() = 0;

@@ -43,6 +43,15 @@ struct TrainOptions {
   // The model's BatchNorm layers normalise over the global batch of all ranks (SyncBatchNorm);
   // needs a model with BatchNorm and a launcher.
   TORCH_ARG(bool, sync_bn) = false;
+  // Every block of the model runs under activation checkpointing: its activations are recomputed
+  // in backward instead of kept (see Note [Activation checkpointing]).
+  TORCH_ARG(bool, checkpoint_activations) = false;
+  // --strategy pipeline (see Note [Pipeline strategy]): stages (0: one per rank), pipeline
+  // micro-batches per batch, their schedule, and blocks per stage (empty: by parameter count).
+  TORCH_ARG(int64_t, stages) = 0;
+  TORCH_ARG(int64_t, micro_batches) = 1;
+  TORCH_ARG(parallel::PipelineSchedule, schedule) = parallel::PipelineSchedule::kGPipe;
+  TORCH_ARG(std::vector<int64_t>, split);
 
   // The optimizer, with PyTorch's defaults except lr (unset: 0.02 for sgd, 1e-3 for adam and
   // adamw) and weight decay (unset: PyTorch's, 0.01 for adamw and 0 otherwise).

@@ -1,0 +1,95 @@
+#pragma once
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "lockstep/models/classifier.h"
+#include "lockstep/parallel/strategy.h"
+
+namespace lockstep::parallel {
+
+// Note [Pipeline strategy]
+// GPipe / PipeDream-Flush over ranks: the model's blocks (Note [Model blocks]) are cut into K
+// contiguous stages (balanced by parameter count, or PipelineOptions::split), rank r runs stage
+// r mod K, and each of the loop's micro-batches is split into M pipeline micro-batches that flow
+// through the stages in the order Note [Pipeline schedules] gives. Activations travel forward and
+// their gradients backward by point-to-point send/recv between neighbouring ranks (sends are
+// asynchronous and waited on at the end of the step, so no schedule can deadlock on them; each
+// transfer has its own tag). The loss is computed on the last stage; its value reaches every rank
+// by one all-reduce, so the training loop logs it as any strategy's. After the step's last
+// backward every stage clips (the norm over all stages, one all-reduce) and steps its own
+// optimizer, or every stage skips the step when the loss or a gradient anywhere is non-finite.
+//
+// Every rank holds the whole model (rank 0's weights at construction) and trains its stage's
+// part. Evaluation and state dicts first bring every stage's current weights and buffers to every
+// rank (a broadcast per tensor, once after each step that changed them), then run or read the
+// whole model locally: checkpoints and --save-model hold the usual keys, and a checkpoint's
+// optimizer state is gathered into the whole model's numbering, so it resumes under ddp and
+// the reverse.
+//
+// BatchNorm normalises each pipeline micro-batch with its own statistics and updates the running
+// statistics once per micro-batch, as GPipe and torch.distributed.pipeline.sync.Pipe do without
+// DeferredBatchNorm: a pipelined step computes exactly what one process computes by gradient
+// accumulation over the same M micro-batches (the strategy tests check this).
+//
+// fp32 only (opt level O0). The world size must be a multiple of K (K consecutive ranks per
+// replica, see Strategy::ranks_per_replica).
+class PipelineStrategy : public Strategy {
+ public:
+  // Throws before any communication for a model that does not list its blocks, more stages than
+  // blocks, a bad split, a world size that K does not divide, or an opt level other than O0.
+  PipelineStrategy(torch::nn::AnyModule model, StrategyOptions options);
+  ~PipelineStrategy() override;
+
+  std::string name() const override { return "pipeline"; }
+  double forward_backward(const std::vector<MicroBatch>& micro_batches, const LossFunction& loss) override;
+  StepDecision step() override;
+  torch::Tensor forward(const torch::Tensor& input) override;
+  torch::nn::Module& module() override { return *model_; }
+  torch::optim::Optimizer& optimizer() override { return *optimizer_; }
+  double loss_scale() const override { return 0.0; }
+  int64_t ranks_per_replica() const override { return stages_; }
+  c10::Dict<std::string, torch::Tensor> model_state_dict() override;
+  c10::impl::GenericDict training_state_dict() override;
+  void load_training_state_dict(const c10::impl::GenericDict& state, const std::string& source) override;
+  MemoryReport memory() const override;
+
+  int64_t stage() const { return stage_; }
+  int64_t stages() const { return stages_; }
+  // This stage's blocks: [first, last) of the model's blocks().
+  std::pair<int64_t, int64_t> block_range() const { return {first_block_, last_block_}; }
+  // The most pipeline micro-batches whose activations this stage held at once, over all steps.
+  int64_t peak_live_micro_batches() const { return peak_live_; }
+  // Seconds this stage spent blocked receiving activations or gradients, over all steps: its idle
+  // time in the pipeline's bubble (and in waiting on slower neighbours).
+  double receive_wait_seconds() const { return receive_wait_s_; }
+
+ private:
+  struct InFlight;
+  torch::Tensor run_stage(torch::Tensor x);
+  void send_activation(const torch::Tensor& y, int64_t micro_batch);
+  torch::Tensor receive_activation(int64_t micro_batch);
+  void receive(torch::Tensor& tensor, int64_t peer, int64_t tag, const std::string& what);
+  // Brings every stage's weights and buffers to every rank, when a step changed them.
+  void sync_whole_model();
+  std::vector<torch::Tensor> stage_gradients() const;
+
+  std::shared_ptr<models::Classifier> model_;
+  StrategyOptions options_;
+  dist::ProcessGroup* group_;
+  std::vector<models::Block> blocks_;
+  std::vector<int64_t> first_block_of_stage_;  // K + 1 entries: stage s runs [v[s], v[s+1])
+  int64_t stages_ = 1, stage_ = 0, rank_ = 0;
+  int64_t first_block_ = 0, last_block_ = 0;
+  int64_t first_param_ = 0;  // index of this stage's first parameter in model_->parameters()
+  std::vector<torch::Tensor> params_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> sends_;  // in flight
+  double last_loss_ = 0.0;
+  bool stale_ = false;  // other stages' weights on this rank are out of date
+  int64_t peak_live_ = 0;
+  double receive_wait_s_ = 0.0;
+};
+
+}  // namespace lockstep::parallel

@@ -1,0 +1,303 @@
+#include "lockstep/parallel/pipeline_strategy.h"
+
+#include <c10/util/StringUtil.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "lockstep/amp/opt_level.h"
+#include "lockstep/models/state_dict.h"
+#include "lockstep/optim/state_dict.h"
+#include "lockstep/parallel/distributed_data_parallel.h"
+#include "lockstep/parallel/pipeline_state.h"
+#include "lockstep/parallel/step_guard.h"
+
+namespace lockstep::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// An activation's header: dtype, rank, then up to kMaxDims sizes (the receiver allocates by it).
+constexpr int64_t kMaxDims = 8;
+constexpr int64_t kHeaderSize = 2 + kMaxDims;
+
+// Each transfer of a step has its own tag: micro-batch i's header, activations and gradient.
+int64_t header_tag(int64_t i) { return 3 * i; }
+int64_t activation_tag(int64_t i) { return 3 * i + 1; }
+int64_t gradient_tag(int64_t i) { return 3 * i + 2; }
+
+int64_t bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+
+// Stage s runs blocks [v[s], v[s+1]): from options.split(), or balanced by parameter count.
+std::vector<int64_t> stage_boundaries(const std::vector<models::Block>& blocks, const PipelineOptions& o,
+                                      int64_t stages) {
+  const int64_t n = static_cast<int64_t>(blocks.size());
+  std::vector<std::string> names;
+  for (const auto& b : blocks) names.push_back(b.name);
+  TORCH_CHECK_VALUE(stages <= n, "--stages ", stages, " is more than the model's ", n, " blocks (",
+                    c10::Join(", ", names), "): every stage needs at least one block; use at most ", n, " stages");
+  std::vector<int64_t> counts = o.split();
+  if (counts.empty()) {
+    std::vector<int64_t> sizes;
+    for (const auto& b : blocks) {
+      int64_t params = 0;
+      for (const auto& p : models::block_parameters(b)) params += p.numel();
+      sizes.push_back(params);
+    }
+    counts = balanced_split(sizes, stages);
+  }
+  TORCH_CHECK_VALUE(static_cast<int64_t>(counts.size()) == stages, "--split ", c10::Join(",", counts), " has ",
+                    counts.size(), " entries for ", stages, " stages: give one block count per stage");
+  for (int64_t c : counts)
+    TORCH_CHECK_VALUE(c >= 1, "--split ", c10::Join(",", counts), ": every stage needs at least one block");
+  TORCH_CHECK_VALUE(std::accumulate(counts.begin(), counts.end(), int64_t{0}) == n, "--split ",
+                    c10::Join(",", counts), " covers ", std::accumulate(counts.begin(), counts.end(), int64_t{0}),
+                    " blocks but the model has ", n, " (", c10::Join(", ", names), "): the counts must sum to ", n);
+  std::vector<int64_t> boundaries{0};
+  for (int64_t c : counts) boundaries.push_back(boundaries.back() + c);
+  return boundaries;
+}
+
+}  // namespace
+
+// One pipeline micro-batch between its forward and its backward on this stage.
+struct PipelineStrategy::InFlight {
+  torch::Tensor input;   // what the stage received (requires grad past the first stage)
+  torch::Tensor output;  // the stage's output, its graph kept until backward (not on the last stage)
+  torch::Tensor loss;    // weighted loss (last stage only)
+};
+
+PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions options)
+    : options_(std::move(options)), group_(options_.group()) {
+  model_ = std::dynamic_pointer_cast<models::Classifier>(model.ptr());
+  TORCH_CHECK_VALUE(model_ != nullptr, "the pipeline strategy cuts a model into stages by its blocks: pass a "
+                    "models::Classifier (a reference model, or a subclass that lists its blocks())");
+  TORCH_CHECK_VALUE(static_cast<bool>(options_.optimizer()),
+                    "StrategyOptions().optimizer(...) is unset: pass a factory that builds the optimizer");
+  TORCH_CHECK_VALUE(options_.opt_level() == amp::OptLevel::kO0, "the pipeline strategy trains in fp32 only, but the "
+                    "opt level is ", amp::to_string(options_.opt_level()), ": drop --precision and --opt-level");
+  TORCH_CHECK_VALUE(std::isfinite(options_.clip_value()) && options_.clip_value() >= 0, "clip_value ",
+                    options_.clip_value(), " must be >= 0 (0: no clipping)");
+  TORCH_CHECK_VALUE(std::isfinite(options_.clip_norm()) && options_.clip_norm() >= 0, "clip_norm ",
+                    options_.clip_norm(), " must be >= 0 (0: no clipping)");
+  const PipelineOptions& p = options_.pipeline();
+  const int64_t world = group_ ? group_->size() : 1;
+  rank_ = group_ ? group_->rank() : 0;
+  stages_ = p.stages() > 0 ? p.stages() : world;
+  TORCH_CHECK_VALUE(p.stages() >= 0, "--stages ", p.stages(), " must be >= 1 (0: one stage per rank)");
+  TORCH_CHECK_VALUE(p.micro_batches() >= 1, "--micro-batches ", p.micro_batches(), " must be at least 1");
+  blocks_ = model_->blocks();
+  first_block_of_stage_ = stage_boundaries(blocks_, p, stages_);
+  TORCH_CHECK_VALUE(world % stages_ == 0, "rank ", rank_, ": the world size ", world, " is not divisible by --stages ",
+                    stages_, ": a pipeline replica needs ", stages_, " ranks; start a multiple of ", stages_, " ranks");
+  TORCH_CHECK_VALUE(world == stages_, "rank ", rank_, ": ", world, " ranks for ", stages_, " stages would be ",
+                    world / stages_, " data-parallel replicas of the pipeline, which this strategy does not run; "
+                    "start ", stages_, " ranks (or --stages ", world, ")");
+  stage_ = rank_ % stages_;
+  first_block_ = first_block_of_stage_[stage_];
+  last_block_ = first_block_of_stage_[stage_ + 1];
+
+  // The stage's parameters must be a contiguous run of the model's, so that a stage's optimizer
+  // state maps to the whole model's numbering by an offset.
+  const std::vector<torch::Tensor> all = model_->parameters();
+  int64_t index = 0;
+  for (int64_t b = 0; b < static_cast<int64_t>(blocks_.size()); ++b)
+    for (const auto& t : models::block_parameters(blocks_[b])) {
+      TORCH_CHECK(index < static_cast<int64_t>(all.size()) && all[index].is_same(t), "block '", blocks_[b].name,
+                  "' lists its parameters out of the model's order: blocks must follow the modules' registration");
+      if (b == first_block_ && params_.empty()) first_param_ = index;
+      if (b >= first_block_ && b < last_block_) params_.push_back(t);
+      ++index;
+    }
+  TORCH_CHECK(index == static_cast<int64_t>(all.size()), "the model's blocks use ", index, " of its ", all.size(),
+              " parameters: every parameter must belong to a block");
+  if (group_) sync_module_states(*model_, *group_);
+  optimizer_ = options_.optimizer()(params_);
+}
+
+PipelineStrategy::~PipelineStrategy() = default;
+
+torch::Tensor PipelineStrategy::run_stage(torch::Tensor x) {
+  for (int64_t b = first_block_; b < last_block_; ++b) x = model_->run_block(blocks_[b], x);
+  return x;
+}
+
+void PipelineStrategy::receive(torch::Tensor& tensor, int64_t peer, int64_t tag, const std::string& what) {
+  const auto t0 = Clock::now();
+  group_->recv(tensor, peer, tag, what);
+  receive_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void PipelineStrategy::send_activation(const torch::Tensor& y, int64_t i) {
+  TORCH_CHECK(y.dim() <= kMaxDims, "stage ", stage_, " outputs a ", y.dim(), "-d tensor; at most ", kMaxDims,
+              " dimensions can travel between stages");
+  torch::Tensor header = torch::zeros({kHeaderSize}, torch::kInt64);
+  header[0] = static_cast<int64_t>(y.scalar_type());
+  header[1] = y.dim();
+  for (int64_t d = 0; d < y.dim(); ++d) header[2 + d] = y.size(d);
+  torch::Tensor payload = y.detach().contiguous();
+  sends_.emplace_back(group_->send_async(header, rank_ + 1, header_tag(i)), header);
+  sends_.emplace_back(group_->send_async(payload, rank_ + 1, activation_tag(i)), payload);
+}
+
+torch::Tensor PipelineStrategy::receive_activation(int64_t i) {
+  const std::string what = "the activations of micro-batch " + std::to_string(i) + " for stage " + std::to_string(stage_);
+  torch::Tensor header = torch::empty({kHeaderSize}, torch::kInt64);
+  receive(header, rank_ - 1, header_tag(i), what + " (their shape)");
+  const auto* h = header.data_ptr<int64_t>();
+  const std::vector<int64_t> sizes(h + 2, h + 2 + h[1]);
+  torch::Tensor x = torch::empty(sizes, torch::TensorOptions().dtype(static_cast<torch::ScalarType>(h[0])));
+  receive(x, rank_ - 1, activation_tag(i), what);
+  return x.requires_grad_(true);
+}
+
+double PipelineStrategy::forward_backward(const std::vector<MicroBatch>& micro_batches, const LossFunction& loss_fn) {
+  TORCH_CHECK_VALUE(!micro_batches.empty(), name(), ": a step needs at least one micro-batch");
+  optimizer_->zero_grad();
+  std::vector<MicroBatch> chunks;  // torch.chunk's split, as Pipe's: fewer than M for a small batch
+  for (const MicroBatch& mb : micro_batches) {
+    const int64_t n = mb.input.size(0);
+    const auto xs = mb.input.chunk(options_.pipeline().micro_batches());
+    const auto ys = mb.target.chunk(options_.pipeline().micro_batches());
+    for (size_t c = 0; c < xs.size(); ++c)
+      chunks.push_back({xs[c], ys[c], mb.weight * static_cast<double>(xs[c].size(0)) / static_cast<double>(n)});
+  }
+  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
+  std::vector<InFlight> flight(chunks.size());
+  int64_t live = 0;
+  double total = 0.0;
+  for (const PipelineAction& a : pipeline_schedule(options_.pipeline().schedule(), stage_, stages_,
+                                                   static_cast<int64_t>(chunks.size()))) {
+    const int64_t i = a.micro_batch;
+    InFlight& f = flight[i];
+    if (a.kind == PipelineAction::kForward) {
+      f.input = first ? chunks[i].input : receive_activation(i);
+      torch::Tensor y = run_stage(f.input);
+      if (last) {
+        f.loss = loss_fn(y, chunks[i].target) * chunks[i].weight;
+        total += f.loss.item<double>();
+      } else {
+        send_activation(y, i);
+        f.output = y;
+      }
+      peak_live_ = std::max(peak_live_, ++live);
+      continue;
+    }
+    if (last) {
+      f.loss.backward();
+    } else {
+      torch::Tensor grad = torch::empty_like(f.output);
+      receive(grad, rank_ + 1, gradient_tag(i), "the gradient of micro-batch " + std::to_string(i) + "'s activations");
+      f.output.backward(grad);
+    }
+    if (!first) {
+      torch::Tensor grad = f.input.grad().contiguous();
+      sends_.emplace_back(group_->send_async(grad, rank_ - 1, gradient_tag(i)), grad);
+    }
+    f = InFlight{};
+    --live;
+  }
+  for (auto& [work, tensor] : sends_) group_->wait(work, "sending to a neighbouring stage");
+  sends_.clear();
+  stale_ = true;
+  // The loss lives on the last stage; every rank returns it (NaN stays NaN through the sum).
+  if (group_) {
+    torch::Tensor sum = torch::tensor({last ? total : 0.0}, torch::kFloat64);
+    group_->all_reduce(sum);
+    total = sum.item<double>();
+  }
+  last_loss_ = total;
+  return total;
+}
+
+std::vector<torch::Tensor> PipelineStrategy::stage_gradients() const {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params_)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+StepDecision PipelineStrategy::step() {
+  torch::NoGradGuard no_grad;
+  StepDecision d;
+  std::vector<torch::Tensor> grads = stage_gradients();
+  if (options_.clip_value() > 0)
+    for (auto& g : grads) g.clamp_(-options_.clip_value(), options_.clip_value());
+  // [non-finite gradients on this stage, squared L2 norm of its gradients], summed over stages.
+  double non_finite = all_finite(grads) ? 0.0 : 1.0, squares = 0.0;
+  for (const auto& g : grads) squares += g.to(torch::kFloat64).pow(2).sum().item<double>();
+  if (group_) {
+    torch::Tensor v = torch::tensor({non_finite, squares}, torch::kFloat64);
+    group_->all_reduce(v);
+    non_finite = v[0].item<double>();
+    squares = v[1].item<double>();
+  }
+  if (!std::isfinite(last_loss_)) {
+    d.skip_reason = "non-finite loss (on the last stage, rank " + std::to_string(stages_ - 1) + ")";
+    return d;
+  }
+  if (non_finite > 0 || !std::isfinite(squares)) {
+    d.skip_reason = "non-finite gradient (on " + std::to_string(static_cast<int64_t>(non_finite)) + " stage(s))";
+    return d;
+  }
+  if (options_.clip_norm() > 0) {
+    // torch.nn.utils.clip_grad_norm_: scale by max_norm / (total_norm + 1e-6), at most 1.
+    const double scale = std::min(1.0, options_.clip_norm() / (std::sqrt(squares) + 1e-6));
+    for (auto& g : grads) g.mul_(scale);
+  }
+  optimizer_->step();
+  d.stepped = true;
+  return d;
+}
+
+void PipelineStrategy::sync_whole_model() {
+  if (!stale_) return;
+  stale_ = false;
+  if (!group_) return;
+  torch::NoGradGuard no_grad;
+  for (int64_t s = 0; s < stages_; ++s)
+    for (int64_t b = first_block_of_stage_[s]; b < first_block_of_stage_[s + 1]; ++b) {
+      for (auto t : models::block_parameters(blocks_[b])) group_->broadcast(t, s);
+      for (auto t : models::block_buffers(blocks_[b])) group_->broadcast(t, s);
+    }
+}
+
+torch::Tensor PipelineStrategy::forward(const torch::Tensor& input) {
+  sync_whole_model();
+  return model_->forward(input);
+}
+
+c10::Dict<std::string, torch::Tensor> PipelineStrategy::model_state_dict() {
+  sync_whole_model();
+  return models::state_dict_to_dict(*model_);
+}
+
+c10::impl::GenericDict PipelineStrategy::training_state_dict() {
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  state.insert("optimizer", gather_optimizer_state(optim::optimizer_state_dict(*optimizer_), first_param_,
+                                                   static_cast<int64_t>(model_->parameters().size()), group_));
+  state.insert("scaler", c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+  return state;
+}
+
+void PipelineStrategy::load_training_state_dict(const c10::impl::GenericDict& state, const std::string& source) {
+  auto it = state.find("optimizer");
+  TORCH_CHECK(it != state.end(), source, " has no 'optimizer' state");
+  optim::load_optimizer_state_dict(
+      *optimizer_, slice_optimizer_state(it->value(), first_param_, static_cast<int64_t>(params_.size()), source),
+      source);
+}
+
+MemoryReport PipelineStrategy::memory() const {
+  MemoryReport m;
+  for (const auto& p : params_) {
+    m.param_bytes += bytes(p);
+    m.grad_bytes += bytes(p.grad());
+  }
+  m.optim_bytes = optim::optimizer_state_bytes(*optimizer_);
+  return m;
+}
+
+}  // namespace lockstep::parallel
