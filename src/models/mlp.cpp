@@ -19,8 +19,11 @@ WideMLPImpl::WideMLPImpl(int64_t num_classes) {
   fc3 = register_module("fc3", torch::nn::Linear(1024, num_classes));
 }
 
-torch::Tensor WideMLPImpl::forward(torch::Tensor x) {
-  return fc3->forward(torch::relu(fc2->forward(torch::relu(fc1->forward(x.flatten(1))))));
+std::vector<Block> WideMLPImpl::blocks() {
+  auto l1 = fc1.ptr(), l2 = fc2.ptr(), l3 = fc3.ptr();
+  return {{"fc1", {l1}, [l1](const torch::Tensor& x) { return torch::relu(l1->forward(x.flatten(1))); }},
+          {"fc2", {l2}, [l2](const torch::Tensor& x) { return torch::relu(l2->forward(x)); }},
+          {"fc3", {l3}, [l3](const torch::Tensor& x) { return l3->forward(x); }}};
 }
 
 }  // namespace lockstep::models

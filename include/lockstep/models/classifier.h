@@ -17,7 +17,8 @@ namespace lockstep::models {
 // uses, so a stage knows what it trains and a recompute knows what it must not update twice. The
 // split follows torchvision and the Python models: ResNet-18's stem (conv1, bn1, ReLU), its eight
 // BasicBlocks and its head (pool, flatten, fc); the convnet's layer1, layer2 and fc; the mlp's
-// fc1 (with flatten and ReLU) and fc2. Blocks add no modules: state-dict keys do not change.
+// fc1 (with flatten and ReLU) and fc2; mlp-wide's fc1, fc2 (each with its ReLU) and fc3. Blocks
+// add no modules: state-dict keys do not change.
 struct Block {
   std::string name;                                         // "stem", "layer1.0", "fc", ...
   std::vector<std::shared_ptr<torch::nn::Module>> modules;  // the layers it runs

@@ -27,7 +27,8 @@ TORCH_MODULE(MLP);
 class WideMLPImpl : public Classifier {
  public:
   explicit WideMLPImpl(int64_t num_classes = 10);
-  torch::Tensor forward(torch::Tensor x) override;
+  // fc1 (flatten, fc1, ReLU), fc2 (fc2, ReLU), fc3; see Note [Model blocks].
+  std::vector<Block> blocks() override;
 
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
