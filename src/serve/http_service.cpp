@@ -77,7 +77,7 @@ std::optional<size_t> header_length(const httplib::Request& req) {
   return static_cast<size_t>(std::stoull(value));
 }
 
-void infer(const ServiceState& state, const httplib::Request& req, httplib::Response& res) {
+void infer(const ServiceState& state, const httplib::Request& req, const std::string& body, httplib::Response& res) {
   const auto start = std::chrono::steady_clock::now();
   const Target t = find_target(state.repository, req);
   auto elapsed_ns = [&] {
@@ -85,7 +85,7 @@ void infer(const ServiceState& state, const httplib::Request& req, httplib::Resp
   };
   try {
     const ModelConfig& config = *t.model->config;
-    const InferRequest request = parse_infer_request(req.body, header_length(req), config);
+    const InferRequest request = parse_infer_request(body, header_length(req), config);
     const torch::Tensor output = t.version->batcher->submit(request.input).get();
     const InferResponse response = make_infer_response(request, config, t.version->version, output);
     if (response.header_length)
@@ -146,9 +146,23 @@ void add_inference_routes(httplib::Server& server, ServiceState& state) {
       reply(res, 200, {{"model_stats", stats_of(*t.model, req.matches[2].length() == 0 ? nullptr : t.version)}});
     });
   });
-  server.Post(kModelPath + "/infer", [&state](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { infer(state, req, res); });
-  });
+  // The body is read here rather than by httplib, which caps bodies sent as
+  // application/x-www-form-urlencoded (curl -d's default) at 8 KiB and parses them as a form.
+  server.Post(kModelPath + "/infer",
+              [&state](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+                if (req.is_multipart_form_data()) {
+                  res.set_header("Connection", "close");
+                  return reply_error(res, 400, "a multipart/form-data body is not an infer request; send JSON (with "
+                                               "binary data after it: Inference-Header-Content-Length)");
+                }
+                std::string body;
+                const bool read = reader([&body](const char* data, size_t size) {
+                  body.append(data, size);
+                  return true;
+                });
+                if (!read) return;  // httplib set the status (413 over the limit, 400 unreadable)
+                guarded(res, [&] { infer(state, req, body, res); });
+              });
   server.Post("/v2/repository/index", [&repo](const httplib::Request&, httplib::Response& res) {
     nlohmann::json index = nlohmann::json::array();
     for (const ServedModel& m : repo.models()) {
@@ -166,6 +180,8 @@ void add_inference_routes(httplib::Server& server, ServiceState& state) {
       return reply_error(res, 413, "the request body is over the size limit of " +
                                        std::to_string(state.max_input_bytes) + " bytes (--http-max-input-size)");
     if (res.status == 404) return reply_error(res, 404, "no endpoint " + req.method + " " + req.path);
+    if (res.status == 400)
+      return reply_error(res, 400, "the request could not be read (a body needs a Content-Length or chunked encoding)");
     reply_error(res, res.status, "HTTP error " + std::to_string(res.status));
   });
 }

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include <thread>
+#include <future>
 
 #include "serve_process.h"
 
@@ -103,18 +103,16 @@ TEST_F(ServeFaultsTest, SigtermDuringLoadFinishesTheRequestsInFlightAndExitsZero
                                scratch_ / "log");
   ASSERT_TRUE(server.wait_ready()) << server.log();
   constexpr int kInFlight = 6;
-  std::vector<testing::HttpReply> replies(kInFlight);
-  std::vector<std::thread> clients;
-  for (int i = 0; i < kInFlight; ++i)
-    clients.emplace_back([&, i] {
-      replies[i] = curl("-X POST --data-binary @" + good_body() + " " + server.url("/v2/models/convnet/infer"));
-    });
+  const std::string request = "-X POST --data-binary @" + good_body() + " " + server.url("/v2/models/convnet/infer");
+  std::vector<std::future<testing::HttpReply>> clients;  // a future of std::async waits when destroyed
+  for (int i = 0; i < kInFlight; ++i) clients.push_back(std::async(std::launch::async, [&] { return curl(request); }));
   ASSERT_TRUE(testing::wait_until(
       [&] { return testing::metric_value(curl(server.metrics_url()).body, "nv_inference_pending_request_count") == kInFlight; },
       std::chrono::seconds(30)));
   const auto signalled = std::chrono::steady_clock::now();
   ASSERT_EQ(::kill(server.child().pid(), SIGTERM), 0);
-  for (std::thread& t : clients) t.join();
+  std::vector<testing::HttpReply> replies;
+  for (auto& c : clients) replies.push_back(c.get());
   const auto exit_code = server.child().wait_for(std::chrono::seconds(20));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
   for (const auto& r : replies) {
@@ -134,16 +132,14 @@ TEST_F(ServeFaultsTest, ExitTimeoutEndsTheServerWhenRequestsDoNotFinishInTime) {
                                 "--max-queue-delay-us", "30000000", "--exit-timeout", "0.5"},
                                scratch_ / "log");
   ASSERT_TRUE(server.wait_ready()) << server.log();
-  testing::HttpReply reply;
-  std::thread client([&] {
-    reply = curl("-X POST --data-binary @" + good_body() + " " + server.url("/v2/models/convnet/infer"));
-  });
+  const std::string request = "-X POST --data-binary @" + good_body() + " " + server.url("/v2/models/convnet/infer");
+  auto client = std::async(std::launch::async, [&] { return curl(request); });
   ASSERT_TRUE(testing::wait_until(
       [&] { return testing::metric_value(curl(server.metrics_url()).body, "nv_inference_pending_request_count") == 1; },
       std::chrono::seconds(30)));
   ASSERT_EQ(::kill(server.child().pid(), SIGTERM), 0);
   const auto exit_code = server.child().wait_for(std::chrono::seconds(10));  // not the 30 s delay
-  client.join();
+  const testing::HttpReply reply = client.get();
   ASSERT_TRUE(exit_code.has_value());
   EXPECT_EQ(*exit_code, 1);
   EXPECT_THAT(server.log(), HasSubstr("requests still in flight after --exit-timeout 0.5 s"));
@@ -171,7 +167,7 @@ TEST_F(ServeFaultsTest, ModelThatFailsToLoadIsNotReadyWhileTheOthersServe) {
   EXPECT_EQ(curl(server.url("/v2/health/ready")).status, 503);  // strict readiness, as Triton's default
   EXPECT_EQ(curl("-X POST --data-binary @" + good_body() + " " + server.url("/v2/models/broken/infer")).status, 503);
   EXPECT_EQ(curl("-X POST --data-binary @" + good_body() + " " + server.url("/v2/models/convnet/infer")).status, 200);
-  const auto index = curl("-X POST " + server.url("/v2/repository/index")).json();
+  const auto index = curl("-X POST -d '' " + server.url("/v2/repository/index")).json();
   ASSERT_EQ(index.size(), 3u) << index;
   EXPECT_EQ(index[0]["name"], "broken");
   EXPECT_EQ(index[0]["state"], "UNAVAILABLE");

@@ -4,7 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <thread>
+#include <future>
 
 #include "lockstep/data/dataset.h"
 #include "lockstep/export/weights_file.h"
@@ -154,15 +154,15 @@ TEST_F(ServeTest, ConcurrentRequestsAreMergedIntoFewerForwards) {
   constexpr int kRequests = 24;
   const torch::Tensor input = inputs(images(kRequests));
   const torch::Tensor expected = expected_logits(input);
-  std::vector<testing::HttpReply> replies(kRequests);
-  std::vector<std::thread> clients;
+  std::vector<std::future<testing::HttpReply>> clients;  // a future of std::async waits when destroyed
   for (int i = 0; i < kRequests; ++i) {
     const std::string body = write("r" + std::to_string(i), testing::json_infer_body(input.narrow(0, i, 1)));
-    clients.emplace_back([&, i, body] {
-      replies[i] = curl("-X POST --data-binary @" + body + " " + server.url("/v2/models/convnet/infer"));
-    });
+    // No Content-Type: curl sends its default, application/x-www-form-urlencoded, as users' scripts do.
+    const std::string request = "-X POST --data-binary @" + body + " " + server.url("/v2/models/convnet/infer");
+    clients.push_back(std::async(std::launch::async, [request] { return curl(request); }));
   }
-  for (std::thread& t : clients) t.join();
+  std::vector<testing::HttpReply> replies;
+  for (auto& c : clients) replies.push_back(c.get());
   for (int i = 0; i < kRequests; ++i) {
     ASSERT_EQ(replies[i].status, 200) << replies[i].body;
     const torch::Tensor logits = testing::json_logits(replies[i].json());
