@@ -1,0 +1,92 @@
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "lockstep/serve/statistics.h"
+
+namespace lockstep::serve {
+
+struct BatcherOptions {
+  TORCH_ARG(int64_t, max_batch_size) = 64;           // samples per forward
+  TORCH_ARG(bool, dynamic_batching) = true;          // false: one request per forward
+  TORCH_ARG(std::vector<int64_t>, preferred_batch_sizes) = {};
+  TORCH_ARG(int64_t, max_queue_delay_us) = 0;
+  TORCH_ARG(int64_t, max_queue_size) = 0;            // queued requests; 0: unbounded
+  TORCH_ARG(int64_t, queue_timeout_us) = 0;          // 0: none
+  TORCH_ARG(int64_t, threads_per_instance) = 0;      // intra-op threads of each instance; 0: leave as is
+};
+
+// The queue is full, or the server is shutting down: the request is refused with 503.
+class Unavailable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Note [Dynamic batching]
+// Requests (each a tensor of n >= 1 samples) wait in one queue per model version; every model
+// instance runs a worker thread that takes the next batch from the front of the queue, concatenates
+// the requests along dim 0, runs one forward and hands each request its rows of the output.
+// A batch is sent as soon as
+//   - its samples reach max_batch_size, or equal one of the preferred batch sizes, or
+//   - the next queued request would not fit in it, or
+//   - the oldest request in it has waited max_queue_delay_us (0: at once, with whatever is queued),
+// Triton's rules. Requests are never split across batches and keep their arrival order. While every
+// instance is busy the queue fills, so under load batches grow even without a delay: the delay only
+// trades the latency of a lone request for fuller batches at low load. Beyond max_queue_size queued
+// requests a new one is refused (503), as is one found to have waited longer than queue_timeout_us
+// when the queue is next looked at (a batch forming, or a request arriving).
+class Batcher {
+ public:
+  // One function per model instance: input (B, ...) -> output (B, ...); each is called from its own
+  // worker thread only, so an instance needs no lock of its own.
+  using Instance = std::function<torch::Tensor(const torch::Tensor&)>;
+
+  Batcher(std::vector<Instance> instances, BatcherOptions options, ModelStatistics& statistics);
+  ~Batcher();
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // Queues `input` (n, ...) with 1 <= n <= max_batch_size; the future holds its (n, ...) output, or
+  // the forward's exception, or Unavailable when it timed out in the queue. Throws Unavailable when
+  // the queue is full or the batcher is stopping.
+  std::future<torch::Tensor> submit(torch::Tensor input);
+  // Refuses new requests, runs every queued one (without waiting for delays) and joins the workers.
+  void stop();
+
+  const BatcherOptions& options() const { return options_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Pending {
+    torch::Tensor input;
+    Clock::time_point enqueued;
+    std::promise<torch::Tensor> result;
+  };
+  void work(size_t instance);
+  // Blocks until a batch is due (see Note [Dynamic batching]); empty once stopped and drained.
+  std::vector<Pending> next_batch();
+  void run(Instance& instance, std::vector<Pending>& batch);
+  void expire_locked(Clock::time_point now);
+
+  std::vector<Instance> instances_;
+  BatcherOptions options_;
+  ModelStatistics& statistics_;
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::deque<Pending> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace lockstep::serve

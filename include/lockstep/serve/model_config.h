@@ -1,0 +1,54 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lockstep::serve {
+
+// One input or output of a served model, as the KServe v2 protocol names it.
+struct TensorSpec {
+  std::string name;
+  std::string datatype = "FP32";  // KServe spelling: "FP32", "INT64", ...
+  std::vector<int64_t> dims;      // without the batch dimension
+};
+
+enum class VersionPolicyKind { kLatest, kAll, kSpecific };
+
+// Which of the numbered version directories are served (Triton's version_policy).
+struct VersionPolicy {
+  VersionPolicyKind kind = VersionPolicyKind::kLatest;
+  int64_t num_versions = 1;       // kLatest: the highest this many
+  std::vector<int64_t> versions;  // kSpecific: exactly these
+};
+
+// A served model's settings: what config.pbtxt says, validated, or the `--model` shortcut's
+// defaults. See docs/serving.md for the accepted subset of config.pbtxt.
+struct ModelConfig {
+  std::string name;
+  std::string architecture;  // the reference model the weights are for: convnet, mlp, resnet18
+  int64_t max_batch_size = 64;  // samples per forward, at least 1
+  TensorSpec input{"input", "FP32", {}};
+  TensorSpec output{"logits", "FP32", {}};
+  bool dynamic_batching = true;  // false: every request is its own forward
+  std::vector<int64_t> preferred_batch_sizes;
+  int64_t max_queue_delay_us = 0;
+  int64_t max_queue_size = 0;     // queued requests; 0: unbounded
+  int64_t queue_timeout_us = 0;   // 0: a request waits in the queue as long as it takes
+  int64_t instance_count = 1;     // model copies running batches in parallel
+  VersionPolicy version_policy;
+};
+
+// The `lockstep serve --model NAME` configuration: reference model `architecture` named after
+// itself, tensors `input` and `logits`, dynamic batching up to 64 without queue delay.
+ModelConfig default_model_config(const std::string& architecture, int64_t instance_count = 1);
+
+// Parses config.pbtxt text (protobuf text format) for the model in directory `directory_name`.
+// Throws c10::ValueError naming `source`, and the line and column for a syntax error or an unknown
+// field; or naming the field and value that does not fit the reference model.
+ModelConfig parse_model_config(const std::string& text, const std::string& source, const std::string& directory_name);
+
+// The versions among `available` that `policy` serves, ascending.
+std::vector<int64_t> select_versions(const VersionPolicy& policy, std::vector<int64_t> available);
+
+}  // namespace lockstep::serve

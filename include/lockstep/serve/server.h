@@ -1,0 +1,63 @@
+#pragma once
+
+#include <torch/arg.h>
+
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "lockstep/serve/model_repository.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace lockstep::serve {
+
+struct ServerOptions {
+  TORCH_ARG(std::string, http_address) = "0.0.0.0";
+  TORCH_ARG(int, http_port) = 8000;        // 0: a free port the OS picks (printed)
+  TORCH_ARG(int, metrics_port) = 8002;     // 0: a free port the OS picks (printed)
+  TORCH_ARG(bool, allow_metrics) = true;
+  // Connections served at once: each keep-alive connection holds one thread while open, and
+  // requests only batch across connections that are being served. See docs/serving.md.
+  TORCH_ARG(int64_t, http_thread_count) = 64;
+  TORCH_ARG(int64_t, max_input_bytes) = int64_t{64} << 20;  // request bodies above: 413
+  TORCH_ARG(double, exit_timeout_s) = 30;  // after SIGTERM, in-flight requests have this long
+  TORCH_ARG(bool, strict_readiness) = true;  // /v2/health/ready only when every model is ready
+};
+
+// Blocks SIGTERM and SIGINT in the calling thread, and so in every thread it starts afterwards
+// (LibTorch's and OpenMP's pools included), so that only Server::run's signal thread receives them.
+// Call it first, before loading models.
+void block_shutdown_signals();
+
+// Note [Graceful shutdown]
+// On SIGTERM (or SIGINT) the server answers 503 to readiness probes, closes its listening sockets
+// (new connections are refused), lets every request already received run to its response (the
+// batchers keep running until the HTTP threads are done), then stops the batchers and returns 0.
+// If that takes longer than exit_timeout_s, it prints how long it waited and exits with 1.
+class Server {
+ public:
+  // Binds the HTTP (and metrics) ports; throws c10::Error naming the address and port when one
+  // cannot be bound.
+  Server(ModelRepository& repository, ServerOptions options);
+  ~Server();
+
+  int http_port() const { return http_port_; }
+  int metrics_port() const { return metrics_port_; }
+
+  // Serves until SIGTERM or SIGINT (or stop()), then shuts down as Note [Graceful shutdown] says.
+  // Returns the exit code. `log` gets one line when serving starts and a few at shutdown.
+  int run(std::ostream& log);
+  // Starts the shutdown, as a signal does (from another thread; for embedding and tests).
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int http_port_ = 0;
+  int metrics_port_ = 0;
+};
+
+}  // namespace lockstep::serve

@@ -1,0 +1,166 @@
+#include "lockstep/serve/model_repository.h"
+
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "lockstep/core/atomic_file.h"
+#include "lockstep/core/process.h"
+#include "lockstep/export/weights_file.h"
+#include "lockstep/infer/predictor.h"
+#include "lockstep/models/zoo.h"
+
+namespace lockstep::serve {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kConfigFile = "config.pbtxt";
+constexpr const char* kWeightsFile = "model.pt";
+
+// A version directory's number: a decimal name without a leading zero (Triton ignores the rest).
+std::optional<int64_t> version_number(const std::string& name) {
+  if (name.empty() || name.size() > 18 || name[0] == '0' ||
+      !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return std::stoll(name);
+}
+
+// One instance: its own module with the weights of `weights` (see Note [Intra-op threads of
+// instances]), checked with one forward of a zero sample.
+Batcher::Instance load_instance(const ModelConfig& config, const std::string& weights) {
+  auto model = models::make_model(config.architecture, config.output.dims.at(0));
+  exporting::load_weights(*model, config.architecture, weights);
+  auto predictor = std::make_shared<infer::Predictor>(torch::nn::AnyModule(model));
+  std::vector<int64_t> shape{1};
+  shape.insert(shape.end(), config.input.dims.begin(), config.input.dims.end());
+  const torch::Tensor out = predictor->forward(torch::zeros(shape));
+  TORCH_CHECK(out.sizes() == torch::IntArrayRef({1, config.output.dims[0]}), "model '", config.name,
+              "' returns shape ", out.sizes(), " per sample, not the [", config.output.dims[0], "] its output declares");
+  return [predictor](const torch::Tensor& input) { return predictor->forward(input); };
+}
+
+ServedVersion load_version(const ModelConfig& config, int64_t version, const std::string& weights,
+                           int64_t threads_per_instance) {
+  ServedVersion v;
+  v.version = version;
+  v.statistics = std::make_unique<ModelStatistics>();
+  std::vector<Batcher::Instance> instances;
+  for (int64_t i = 0; i < config.instance_count; ++i) instances.push_back(load_instance(config, weights));
+  v.batcher = std::make_unique<Batcher>(std::move(instances),
+                                        BatcherOptions()
+                                            .max_batch_size(config.max_batch_size)
+                                            .dynamic_batching(config.dynamic_batching)
+                                            .preferred_batch_sizes(config.preferred_batch_sizes)
+                                            .max_queue_delay_us(config.max_queue_delay_us)
+                                            .max_queue_size(config.max_queue_size)
+                                            .queue_timeout_us(config.queue_timeout_us)
+                                            .threads_per_instance(threads_per_instance),
+                                        *v.statistics);
+  return v;
+}
+
+int64_t share_threads(int64_t threads, int64_t instances) {
+  const int64_t total = threads > 0 ? threads : available_cores();
+  return std::max<int64_t>(1, total / std::max<int64_t>(1, instances));
+}
+
+// Loads the versions `model.config` selects from `directory`; on failure the model is not ready.
+void load_versions(ServedModel& model, const fs::path& directory, int64_t threads_per_instance) {
+  try {
+    std::vector<int64_t> available;
+    for (const auto& entry : fs::directory_iterator(directory))
+      if (const auto v = version_number(entry.path().filename().string()); v && entry.is_directory())
+        available.push_back(*v);
+    const std::vector<int64_t> chosen = select_versions(model.config->version_policy, available);
+    TORCH_CHECK(!chosen.empty(), "no version directory to serve in '", directory.string(),
+                "' (expected e.g. 1/model.pt)");
+    if (model.config->version_policy.kind == VersionPolicyKind::kSpecific)
+      for (int64_t v : model.config->version_policy.versions)
+        TORCH_CHECK(std::count(chosen.begin(), chosen.end(), v) == 1, "version_policy asks for version ", v,
+                    " but '", (directory / std::to_string(v)).string(), "' does not exist");
+    for (int64_t v : chosen)
+      model.versions.push_back(
+          load_version(*model.config, v, (directory / std::to_string(v) / kWeightsFile).string(), threads_per_instance));
+    model.ready = true;
+  } catch (const c10::Error& e) {
+    model.versions.clear();
+    model.reason = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    model.versions.clear();
+    model.reason = e.what();
+  }
+}
+
+}  // namespace
+
+const ServedVersion* ServedModel::find_version(const std::string& version) const {
+  if (versions.empty()) return nullptr;
+  if (version.empty()) return &versions.back();
+  for (const ServedVersion& v : versions)
+    if (std::to_string(v.version) == version) return &v;
+  return nullptr;
+}
+
+std::unique_ptr<ModelRepository> ModelRepository::load(const std::string& directory, RepositoryOptions options) {
+  TORCH_CHECK_VALUE(fs::is_directory(directory), "--model-repository '", directory,
+                    "' is not a directory; it holds one directory per model, each with config.pbtxt");
+  std::vector<fs::path> dirs;
+  for (const auto& entry : fs::directory_iterator(directory))
+    if (entry.is_directory()) dirs.push_back(entry.path());
+  std::sort(dirs.begin(), dirs.end());
+
+  std::unique_ptr<ModelRepository> repo(new ModelRepository());
+  int64_t instances = 0;
+  for (const fs::path& dir : dirs) {
+    ServedModel m;
+    m.name = dir.filename().string();
+    const fs::path config_path = dir / kConfigFile;
+    try {
+      TORCH_CHECK_VALUE(fs::exists(config_path), "'", config_path.string(), "' does not exist");
+      const std::vector<char> bytes = read_file(config_path.string());
+      m.config = parse_model_config(std::string(bytes.begin(), bytes.end()), config_path.string(), m.name);
+      instances += m.config->instance_count;
+    } catch (const c10::Error& e) {
+      m.reason = e.what_without_backtrace();
+    }
+    repo->models_.push_back(std::move(m));
+  }
+  repo->threads_per_instance_ = share_threads(options.threads(), instances);
+  for (size_t i = 0; i < repo->models_.size(); ++i)
+    if (repo->models_[i].config) load_versions(repo->models_[i], dirs[i], repo->threads_per_instance_);
+  return repo;
+}
+
+std::unique_ptr<ModelRepository> ModelRepository::single(const ModelConfig& config, const std::string& weights,
+                                                         RepositoryOptions options) {
+  std::unique_ptr<ModelRepository> repo(new ModelRepository());
+  repo->threads_per_instance_ = share_threads(options.threads(), config.instance_count);
+  ServedModel m;
+  m.name = config.name;
+  m.config = config;
+  m.versions.push_back(load_version(config, 1, weights, repo->threads_per_instance_));
+  m.ready = true;
+  repo->models_.push_back(std::move(m));
+  return repo;
+}
+
+ModelRepository::~ModelRepository() { stop(); }
+
+const ServedModel* ModelRepository::find(const std::string& name) const {
+  for (const ServedModel& m : models_)
+    if (m.name == name) return &m;
+  return nullptr;
+}
+
+bool ModelRepository::all_ready() const {
+  return std::all_of(models_.begin(), models_.end(), [](const ServedModel& m) { return m.ready; });
+}
+
+void ModelRepository::stop() {
+  for (ServedModel& m : models_)
+    for (ServedVersion& v : m.versions) v.batcher->stop();
+}
+
+}  // namespace lockstep::serve

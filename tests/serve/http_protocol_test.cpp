@@ -1,0 +1,137 @@
+// KServe v2 infer messages: JSON data flat or nested and binary tensor data give the same tensor,
+// every malformed request is a 400 naming what is wrong, and the binary response is the JSON
+// header followed by the raw little-endian floats.
+#include "lockstep/serve/http_protocol.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstring>
+
+namespace lockstep {
+namespace {
+
+using ::testing::HasSubstr;
+
+serve::ModelConfig small_config() {
+  serve::ModelConfig c = serve::default_model_config("convnet");
+  c.input.dims = {1, 2, 2};  // small tensors for readable requests; parsing only reads the config
+  c.max_batch_size = 4;
+  return c;
+}
+
+TEST(HttpProtocol, FlatAndNestedJsonDataGiveTheSameTensor) {
+  const auto config = small_config();
+  const auto flat = serve::parse_infer_request(
+      R"({"id":"a1","inputs":[{"name":"input","shape":[2,1,2,2],"datatype":"FP32","data":[1,2,3,4,5,6,7,8.5]}]})",
+      std::nullopt, config);
+  const auto nested = serve::parse_infer_request(
+      R"({"inputs":[{"name":"input","shape":[2,1,2,2],"datatype":"FP32","data":[[[[1,2],[3,4]]],[[[5,6],[7,8.5]]]]}]})",
+      std::nullopt, config);
+  EXPECT_EQ(flat.id, "a1");
+  EXPECT_EQ(flat.input.sizes(), torch::IntArrayRef({2, 1, 2, 2}));
+  EXPECT_TRUE(torch::equal(flat.input, nested.input));
+  EXPECT_FLOAT_EQ(flat.input[1][0][1][1].item<float>(), 8.5f);
+  EXPECT_FALSE(flat.binary_output);
+}
+
+std::string binary_body(const std::string& header, const std::vector<float>& values) {
+  std::string body = header;
+  body.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  return body;
+}
+
+TEST(HttpProtocol, BinaryTensorDataFollowsTheJsonHeader) {
+  const std::string header =
+      R"({"inputs":[{"name":"input","shape":[1,1,2,2],"datatype":"FP32","parameters":{"binary_data_size":16}}],)"
+      R"("outputs":[{"name":"logits","parameters":{"binary_data":true}}]})";
+  const auto r = serve::parse_infer_request(binary_body(header, {0.5f, -1, 2, 3.25f}), header.size(), small_config());
+  EXPECT_TRUE(torch::equal(r.input, torch::tensor({0.5f, -1.0f, 2.0f, 3.25f}).reshape({1, 1, 2, 2})));
+  EXPECT_TRUE(r.binary_output);
+}
+
+TEST(HttpProtocol, BinaryResponseIsTheJsonHeaderThenTheFloats) {
+  serve::InferRequest request;
+  request.binary_output = true;
+  request.id = "x";
+  const torch::Tensor logits = torch::arange(20, torch::kFloat).reshape({2, 10}) / 4;
+  const auto response = serve::make_infer_response(request, small_config(), 3, logits);
+  ASSERT_TRUE(response.header_length.has_value());
+  const auto header = nlohmann::json::parse(response.body.substr(0, *response.header_length));
+  EXPECT_EQ(header["model_version"], "3");
+  EXPECT_EQ(header["id"], "x");
+  EXPECT_EQ(header["outputs"][0]["shape"], nlohmann::json({2, 10}));
+  EXPECT_EQ(header["outputs"][0]["parameters"]["binary_data_size"], 80);
+  ASSERT_EQ(response.body.size(), *response.header_length + 80);
+  std::vector<float> values(20);
+  std::memcpy(values.data(), response.body.data() + *response.header_length, 80);
+  EXPECT_TRUE(torch::equal(torch::tensor(values).reshape({2, 10}), logits));
+}
+
+TEST(HttpProtocol, JsonResponseCarriesTheLogitsAsNumbers) {
+  const torch::Tensor logits = torch::tensor({{0.1f, -2.5f, 1e-7f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f}});
+  const auto response = serve::make_infer_response({}, small_config(), 1, logits);
+  EXPECT_FALSE(response.header_length.has_value());
+  const auto j = nlohmann::json::parse(response.body);
+  EXPECT_EQ(j["model_name"], "convnet");
+  EXPECT_EQ(j["outputs"][0]["name"], "logits");
+  const auto data = j["outputs"][0]["data"].get<std::vector<float>>();
+  EXPECT_TRUE(torch::equal(torch::tensor(data).reshape({1, 10}), logits));  // floats round-trip exactly
+}
+
+TEST(HttpProtocol, EveryMalformedRequestIsA400NamingTheProblem) {
+  const std::string ok_input = R"("name":"input","shape":[1,1,2,2],"datatype":"FP32")";
+  const std::string header12 = "{\"inputs\":[{" + ok_input + ",\"parameters\":{\"binary_data_size\":12}}]}";
+  const std::string header16 = "{\"inputs\":[{" + ok_input + ",\"parameters\":{\"binary_data_size\":16}}]}";
+  struct Case {
+    std::string body;
+    std::optional<size_t> header_length;
+    std::string message;
+  };
+  const std::vector<Case> cases{
+      {R"({"inputs":[)", std::nullopt, "malformed JSON"},
+      {"[1,2]", std::nullopt, "must be a JSON object"},
+      {R"({"id":"a"})", std::nullopt, "no \"inputs\" array"},
+      {R"({"inputs":[{"name":"image","shape":[1,1,2,2],"datatype":"FP32","data":[1,2,3,4]}]})", std::nullopt,
+       "unknown input 'image'; model 'convnet' takes 'input'"},
+      {R"({"inputs":[{"name":"input","shape":[1,1,2,2],"datatype":"FP64","data":[1,2,3,4]}]})", std::nullopt,
+       "datatype \"FP64\"; model 'convnet' takes FP32"},
+      {R"({"inputs":[{"name":"input","shape":[1,2,2],"datatype":"FP32","data":[1,2,3,4]}]})", std::nullopt,
+       "has shape [1, 2, 2]; model 'convnet' takes [-1, 1, 2, 2] with at most 4 samples"},
+      {R"({"inputs":[{"name":"input","shape":[5,1,2,2],"datatype":"FP32","data":[]}]})", std::nullopt,
+       "has shape [5, 1, 2, 2]"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3]}]}", std::nullopt, "has 3 values; shape [1, 1, 2, 2] needs 4"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,\"2\",3,4]}]}", std::nullopt, "data holds string"},
+      {"{\"inputs\":[{" + ok_input + "}]}", std::nullopt, "neither \"data\" nor parameters.binary_data_size"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,4]}],\"outputs\":[{\"name\":\"probs\"}]}", std::nullopt,
+       "unknown output \"probs\""},
+      {header16, std::nullopt,
+       "no Inference-Header-Content-Length header"},
+      {header12 + std::string(12, 'x'), header12.size(),
+       "binary_data_size 12 does not match shape [1, 1, 2, 2] of FP32, which is 16 bytes"},
+      {header16 + std::string(10, 'x'), header16.size(),
+       "the body holds 10 bytes after the JSON header"},
+      {"{}", 500, "Inference-Header-Content-Length 500 is more than the body's 2 bytes"},
+  };
+  for (const Case& c : cases) {
+    try {
+      serve::parse_infer_request(c.body, c.header_length, small_config());
+      ADD_FAILURE() << "accepted: " << c.body;
+    } catch (const serve::HttpError& e) {
+      EXPECT_EQ(e.status(), 400) << c.body;
+      EXPECT_THAT(e.what(), HasSubstr(c.message)) << c.body;
+    }
+  }
+}
+
+TEST(HttpProtocol, MetadataGivesMinusOneForTheBatchDimension) {
+  const auto j = serve::model_metadata(serve::default_model_config("convnet"), {1, 2});
+  EXPECT_EQ(j["versions"], nlohmann::json({"1", "2"}));
+  EXPECT_EQ(j["inputs"][0]["shape"], nlohmann::json({-1, 1, 28, 28}));
+  EXPECT_EQ(j["outputs"][0]["shape"], nlohmann::json({-1, 10}));
+  EXPECT_EQ(nlohmann::json::parse(serve::error_body("bad \xff byte"))["error"], "bad \xef\xbf\xbd byte");
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,109 @@
+// config.pbtxt: the Triton-style subset parses into the settings it names, an unknown field or a
+// syntax error is named by line and column, and values that cannot fit the model are refused.
+#include "lockstep/serve/model_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "../test_util.h"
+
+namespace lockstep {
+namespace {
+
+using ::testing::HasSubstr;
+
+const char* kTritonStyle = R"(name: "classifier"
+backend: "lockstep"
+max_batch_size: 32
+parameters: { key: "architecture" value: { string_value: "convnet" } }
+input [ { name: "images", data_type: TYPE_FP32, dims: [ 1, 28, 28 ] } ]
+output [ { name: "scores", data_type: TYPE_FP32, dims: [ 10 ] } ]
+dynamic_batching {
+  preferred_batch_size: [ 16, 8 ]
+  max_queue_delay_microseconds: 500
+  default_queue_policy { max_queue_size: 100 default_timeout_microseconds: 2000000 }
+}
+instance_group [ { count: 2 kind: KIND_CPU }, { kind: KIND_CPU } ]
+version_policy: { latest: { num_versions: 2 } }
+)";
+
+TEST(ModelConfig, ReadsEveryFieldOfTheTritonStyleSubset) {
+  const serve::ModelConfig c = serve::parse_model_config(kTritonStyle, "classifier/config.pbtxt", "classifier");
+  EXPECT_EQ(c.name, "classifier");
+  EXPECT_EQ(c.architecture, "convnet");
+  EXPECT_EQ(c.max_batch_size, 32);
+  EXPECT_EQ(c.input.name, "images");
+  EXPECT_EQ(c.input.datatype, "FP32");
+  EXPECT_EQ(c.input.dims, (std::vector<int64_t>{1, 28, 28}));
+  EXPECT_EQ(c.output.name, "scores");
+  EXPECT_EQ(c.output.dims, (std::vector<int64_t>{10}));
+  EXPECT_TRUE(c.dynamic_batching);
+  EXPECT_EQ(c.preferred_batch_sizes, (std::vector<int64_t>{8, 16}));
+  EXPECT_EQ(c.max_queue_delay_us, 500);
+  EXPECT_EQ(c.max_queue_size, 100);
+  EXPECT_EQ(c.queue_timeout_us, 2000000);
+  EXPECT_EQ(c.instance_count, 3);  // 2, and 1 for a group without a count (Triton's default)
+  EXPECT_EQ(c.version_policy.kind, serve::VersionPolicyKind::kLatest);
+  EXPECT_EQ(c.version_policy.num_versions, 2);
+}
+
+TEST(ModelConfig, WithoutDynamicBatchingEachRequestRunsAlone) {
+  const serve::ModelConfig c = serve::parse_model_config(
+      "platform: \"lockstep\" max_batch_size: 8 input { name: \"input\" data_type: TYPE_FP32 dims: [1, 28, 28] } "
+      "output { name: \"logits\" data_type: TYPE_FP32 dims: [10] }",
+      "mlp/config.pbtxt", "mlp");
+  EXPECT_EQ(c.architecture, "mlp");  // from the name
+  EXPECT_FALSE(c.dynamic_batching);
+  EXPECT_EQ(c.instance_count, 1);
+}
+
+TEST(ModelConfig, UnknownFieldIsNamedWithItsLineAndColumn) {
+  const std::string text = "name: \"convnet\"\nbackend: \"lockstep\"\n  max_batch_sizes: 8\n";
+  const std::string message =
+      testing::error_message([&] { serve::parse_model_config(text, "repo/convnet/config.pbtxt", "convnet"); });
+  // Line 3; the column is where protobuf's parser stands when it sees the name (after it).
+  EXPECT_THAT(message, ::testing::ContainsRegex("repo/convnet/config.pbtxt:3:[0-9]+:"));
+  EXPECT_THAT(message, HasSubstr("max_batch_sizes"));
+}
+
+TEST(ModelConfig, SyntaxErrorIsNamedWithItsLine) {
+  const std::string message = testing::error_message(
+      [] { serve::parse_model_config("name: \"convnet\"\ninput [ { name: \"input\" \n", "c.pbtxt", "convnet"); });
+  EXPECT_THAT(message, HasSubstr("c.pbtxt:3:"));
+}
+
+TEST(ModelConfig, RefusesWhatDoesNotFitTheModel) {
+  const std::string base = "backend: \"lockstep\" max_batch_size: 8 output { name: \"logits\" data_type: TYPE_FP32 dims: [10] } ";
+  const std::string fp32_input = "input { name: \"input\" data_type: TYPE_FP32 dims: [1, 28, 28] } ";
+  struct Case {
+    std::string text, message;
+  };
+  const std::vector<Case> cases{
+      {base + "input { name: \"input\" data_type: TYPE_FP32 dims: [3, 32, 32] }",
+       "dims [3, 32, 32] do not fit a convnet, which takes [1, 28, 28]"},
+      {base + "input { name: \"input\" data_type: TYPE_FP16 dims: [1, 28, 28] }", "TYPE_FP16"},
+      {"backend: \"onnxruntime\" max_batch_size: 8", "backend 'onnxruntime' is not served here"},
+      {"backend: \"lockstep\" max_batch_size: 0", "max_batch_size 0 must be at least 1"},
+      {base + fp32_input + "dynamic_batching { preferred_batch_size: 9 }", "preferred_batch_size 9"},
+      {base + fp32_input + "instance_group { kind: KIND_GPU }", "KIND_GPU"},
+      {"name: \"other\"", "differs from its directory 'convnet'"},
+  };
+  for (const Case& c : cases)
+    EXPECT_THAT(testing::error_message([&] { serve::parse_model_config(c.text, "config.pbtxt", "convnet"); }),
+                HasSubstr(c.message))
+        << c.text;
+}
+
+TEST(ModelConfig, VersionPolicyPicksVersionsAsTritonDoes) {
+  const std::vector<int64_t> available{3, 1, 7};
+  EXPECT_EQ(serve::select_versions({}, available), (std::vector<int64_t>{7}));
+  serve::VersionPolicy latest2{serve::VersionPolicyKind::kLatest, 2, {}};
+  EXPECT_EQ(serve::select_versions(latest2, available), (std::vector<int64_t>{3, 7}));
+  serve::VersionPolicy all{serve::VersionPolicyKind::kAll, 1, {}};
+  EXPECT_EQ(serve::select_versions(all, available), (std::vector<int64_t>{1, 3, 7}));
+  serve::VersionPolicy specific{serve::VersionPolicyKind::kSpecific, 1, {1, 7}};
+  EXPECT_EQ(serve::select_versions(specific, available), (std::vector<int64_t>{1, 7}));
+}
+
+}  // namespace
+}  // namespace lockstep
