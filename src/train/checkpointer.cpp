@@ -136,12 +136,12 @@ void Checkpointer::check_same_position_on_all_ranks(const TrainingPosition& posi
 void Checkpointer::save(const TrainingPosition& at, parallel::Strategy& strategy) {
   torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();  // (5056) uint8
   std::vector<torch::Tensor> rngs = group_ ? group_->all_gather(rng) : std::vector<torch::Tensor>{rng};
+  const c10::impl::GenericDict state = strategy.training_state_dict();  // collective: sharded state is gathered
   if (rank_ == 0) {
     Checkpoint c;
     c.position = at;
     c.run = run_;
     c.model = strategy.model_state_dict();
-    const c10::impl::GenericDict state = strategy.training_state_dict();
     c.optimizer = state.at("optimizer");
     c.scaler = state.at("scaler");
     c.rng = rngs;

@@ -33,8 +33,8 @@ namespace lockstep::parallel {
 
 // The built-in strategies. strategy_names() lists them in this order, once, for the CLI, its help
 // and its errors.
-enum class StrategyKind { kLocal, kDdp };
-const std::vector<std::string>& strategy_names();  // "local", "ddp"
+enum class StrategyKind { kLocal, kDdp, kZero1, kZero2 };
+const std::vector<std::string>& strategy_names();  // "local", "ddp", "zero1", "zero2"
 StrategyKind parse_strategy(const std::string& name);  // error lists strategy_names()
 std::string to_string(StrategyKind kind);
 
@@ -117,7 +117,9 @@ class Strategy {
   // What a checkpoint holds, in PyTorch's layouts. The model's fp32 state dict (O2: the masters,
   // not the half copies); Python's load_state_dict accepts it.
   virtual c10::Dict<std::string, torch::Tensor> model_state_dict() = 0;
-  // {"optimizer": optimizer.state_dict(), "scaler": GradScaler.state_dict() or {}}.
+  // {"optimizer": optimizer.state_dict(), "scaler": GradScaler.state_dict() or {}}, the optimizer
+  // state in the per-parameter layout of a replica's optimizer whatever the strategy, so that any
+  // strategy resumes it. Collective: every rank calls it (sharded strategies gather their state).
   virtual c10::impl::GenericDict training_state_dict() = 0;
   // Restores what training_state_dict() returned; `source` names it in errors.
   virtual void load_training_state_dict(const c10::impl::GenericDict& state, const std::string& source) = 0;
@@ -125,7 +127,7 @@ class Strategy {
   virtual MemoryReport memory() const = 0;
 };
 
-// A built-in strategy over `model`. ddp needs options.group().
+// A built-in strategy over `model`. ddp, zero1 and zero2 need options.group().
 std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule model, StrategyOptions options);
 
 }  // namespace lockstep::parallel
