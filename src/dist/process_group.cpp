@@ -213,8 +213,8 @@ void ProcessGroup::barrier() {
 
 void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
   const int64_t n = output.numel();
-  TORCH_CHECK_VALUE(n > 0 && input.numel() == n * size_, "reduce_scatter on rank ", rank_, " of ", size_, ": input has ",
-                    input.numel(), " elements and output ", n, "; the input must hold ", size_,
+  TORCH_CHECK_VALUE(n > 0 && input.numel() == n * size_, "reduce_scatter on rank ", rank_, " of ", size_,
+                    ": input has ", input.numel(), " elements and output ", n, "; the input must hold ", size_,
                     " equal, non-empty chunks (", size_, " x output elements): pad it to a multiple of ", size_);
   reduce_scatter(output, input, std::vector<int64_t>(size_, n), op);
 }
@@ -222,7 +222,8 @@ void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& in
 void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, const std::vector<int64_t>& counts,
                                   ReduceOp op) {
   TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(), "reduce_scatter on rank ", rank_, " of ", size_,
-                    ": input is ", input.scalar_type(), " but output is ", output.scalar_type(), "; give both one dtype");
+                    ": input is ", input.scalar_type(), " but output is ", output.scalar_type(),
+                    "; give both one dtype");
   TORCH_CHECK_VALUE(static_cast<int64_t>(counts.size()) == size_, "reduce_scatter on rank ", rank_, " of ", size_,
                     ": ", counts.size(), " counts given; give one per rank");
   int64_t total = 0;

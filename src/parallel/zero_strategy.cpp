@@ -24,8 +24,8 @@ dist::ProcessGroup& required_group(const StrategyOptions& options, const ZeroOpt
                     "StrategyOptions().group(...), or run under a launcher (lockstep run --nproc-per-node N); "
                     "one process trains with the local strategy");
   const amp::OptLevel level = options.opt_level();
-  TORCH_CHECK_VALUE(level == amp::OptLevel::kO0 || level == amp::OptLevel::kO1, "rank ", options.group()->rank(), ": the ",
-                    name, " strategy trains at O0 (fp32) and O1 (autocast), not ", amp::to_string(level),
+  TORCH_CHECK_VALUE(level == amp::OptLevel::kO0 || level == amp::OptLevel::kO1, "rank ", options.group()->rank(),
+                    ": the ", name, " strategy trains at O0 (fp32) and O1 (autocast), not ", amp::to_string(level),
                     ": use --opt-level O1, or the ddp strategy for O2 and O3");
   TORCH_CHECK_VALUE(zero.bucket_cap_mb() > 0 && std::isfinite(zero.bucket_cap_mb()), "bucket_cap_mb=",
                     zero.bucket_cap_mb(), " must be positive");

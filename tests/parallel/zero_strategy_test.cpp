@@ -27,8 +27,10 @@ torch::Tensor cross_entropy(const torch::Tensor& out, const torch::Tensor& y) { 
 
 StrategyOptions with_optimizer(OptimizerKind kind) {
   const optim::OptimizerOptions o =
-      optim::OptimizerOptions(kind, kind == OptimizerKind::kSGD ? 0.1 : 0.01).momentum(kind == OptimizerKind::kSGD ? 0.9 : 0.0);
-  return StrategyOptions().optimizer([o](std::vector<torch::Tensor> p) { return optim::make_optimizer(std::move(p), o); });
+      optim::OptimizerOptions(kind, kind == OptimizerKind::kSGD ? 0.1 : 0.01)
+          .momentum(kind == OptimizerKind::kSGD ? 0.9 : 0.0);
+  return StrategyOptions().optimizer(
+      [o](std::vector<torch::Tensor> p) { return optim::make_optimizer(std::move(p), o); });
 }
 
 // A bucket cap of 5 kB splits the mlp's gradient into two buckets: fc2 (2570 elements, all in
@@ -190,8 +192,8 @@ TEST(ZeroStrategy, ConsolidatedOptimizerStateIsTheReplicasPerParameterState) {
         EXPECT_LE((h - w).abs().max().item<double>(), 1e-6) << "rank " << rank << " " << entry.key().toStringRef();
       }
     }
-    EXPECT_EQ(zero_state[rank].toGenericDict().at("param_groups").toListRef()[0].toGenericDict().at("params").toList().size(),
-              4u);
+    const auto group = zero_state[rank].toGenericDict().at("param_groups").toListRef()[0].toGenericDict();
+    EXPECT_EQ(group.at("params").toList().size(), 4u);
   }
 }
 
@@ -310,16 +312,18 @@ TEST(ZeroStrategy, NonFiniteGradientInOneShardSkipsTheStepOnEveryRank) {
 }
 
 TEST(ZeroStrategy, BadConfigurationsAreRefusedNamingTheFix) {
-  auto model = torch::nn::AnyModule(std::make_shared<models::MLPImpl>());
-  EXPECT_THAT(testing::error_message([&] { make_strategy(StrategyKind::kZero2, model, with_optimizer(OptimizerKind::kAdam)); }),
+  auto model = [] { return torch::nn::AnyModule(std::make_shared<models::MLPImpl>()); };
+  EXPECT_THAT(testing::error_message(
+                  [&] { make_strategy(StrategyKind::kZero2, model(), with_optimizer(OptimizerKind::kAdam)); }),
               HasSubstr("the zero2 strategy shards the optimizer state across ranks and needs a process group"));
   EXPECT_THAT(testing::error_message([] { parse_strategy("zero3"); }),
               HasSubstr("unknown strategy 'zero3'; choose local, ddp, zero1, zero2"));
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     const StrategyOptions o2 = with_optimizer(OptimizerKind::kAdam).group(&group).opt_level(amp::OptLevel::kO2);
-    EXPECT_THAT(testing::error_message([&] { ZeroStrategy(torch::nn::AnyModule(std::make_shared<models::MLPImpl>()), o2, ZeroOptions().stage(1)); }),
-                HasSubstr("rank " + std::to_string(rank) + ": the zero1 strategy trains at O0 (fp32) and O1 (autocast), not O2"));
-    EXPECT_THAT(testing::error_message([&] { ZeroStrategy(torch::nn::AnyModule(std::make_shared<models::MLPImpl>()), o2, ZeroOptions().stage(3)); }),
+    EXPECT_THAT(testing::error_message([&] { ZeroStrategy(model(), o2, ZeroOptions().stage(1)); }),
+                HasSubstr("rank " + std::to_string(rank) +
+                          ": the zero1 strategy trains at O0 (fp32) and O1 (autocast), not O2"));
+    EXPECT_THAT(testing::error_message([&] { ZeroStrategy(model(), o2, ZeroOptions().stage(3)); }),
                 HasSubstr("stage 3 is FSDP"));
   });
 }
