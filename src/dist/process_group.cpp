@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <thread>
 
 #include "lockstep/core/world.h"
@@ -158,6 +159,7 @@ std::string ProcessGroup::roll_call() {
 
 void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   std::vector<torch::Tensor> ts{tensor};
+  count_sent(2.0 * ring_share() * static_cast<double>(tensor.nbytes()));
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
   wait(backend_->allreduce(ts, o), "all_reduce");
@@ -166,12 +168,14 @@ void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(torch::Tensor& tensor) {
   std::vector<torch::Tensor> ts{tensor};
+  count_sent(2.0 * ring_share() * static_cast<double>(tensor.nbytes()));
   return backend_->allreduce(ts);
 }
 
 void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
   TORCH_CHECK_VALUE(root >= 0 && root < size_, "broadcast root ", root, " is not a rank of a group of ", size_);
   std::vector<torch::Tensor> ts{as_wire_words(tensor)};
+  count_sent(ring_share() * static_cast<double>(tensor.nbytes()));
   c10d::BroadcastOptions o;
   o.rootRank = root;
   wait(backend_->broadcast(ts, o), "broadcast");
@@ -181,6 +185,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::all_gather_async(const torch::Tenso
                                                               std::vector<torch::Tensor>& out) {
   out.clear();
   for (int64_t r = 0; r < size_; ++r) out.push_back(torch::empty_like(tensor));
+  count_sent(static_cast<double>((size_ - 1) * static_cast<int64_t>(tensor.nbytes())));
   std::vector<torch::Tensor> in{as_wire_words(tensor)};
   std::vector<std::vector<torch::Tensor>> outs(1);  // views sharing storage with `out`
   for (const auto& t : out) outs[0].push_back(as_wire_words(t));
@@ -208,24 +213,48 @@ void ProcessGroup::barrier() {
 
 void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
   const int64_t n = output.numel();
-  TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(), "reduce_scatter on rank ", rank_, " of ", size_,
-                    ": input is ", input.scalar_type(), " but output is ", output.scalar_type(), "; give both one dtype");
-  TORCH_CHECK_VALUE(n > 0 && input.numel() == n * size_, "reduce_scatter on rank ", rank_, " of ", size_, ": input has ",
-                    input.numel(), " elements and output ", n, "; the input must hold ", size_,
+  TORCH_CHECK_VALUE(n > 0 && input.numel() == n * size_, "reduce_scatter on rank ", rank_, " of ", size_,
+                    ": input has ", input.numel(), " elements and output ", n, "; the input must hold ", size_,
                     " equal, non-empty chunks (", size_, " x output elements): pad it to a multiple of ", size_);
+  reduce_scatter(output, input, std::vector<int64_t>(size_, n), op);
+}
+
+void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, const std::vector<int64_t>& counts,
+                                  ReduceOp op) {
+  TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(), "reduce_scatter on rank ", rank_, " of ", size_,
+                    ": input is ", input.scalar_type(), " but output is ", output.scalar_type(),
+                    "; give both one dtype");
+  TORCH_CHECK_VALUE(static_cast<int64_t>(counts.size()) == size_, "reduce_scatter on rank ", rank_, " of ", size_,
+                    ": ", counts.size(), " counts given; give one per rank");
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    TORCH_CHECK_VALUE(c >= 0, "reduce_scatter on rank ", rank_, ": count ", c, " is negative");
+    total += c;
+  }
+  const int64_t n = counts[rank_];
+  TORCH_CHECK_VALUE(input.numel() == total && output.numel() == n, "reduce_scatter on rank ", rank_, " of ", size_,
+                    ": input has ", input.numel(), " elements and output ", output.numel(), ", but the counts sum to ",
+                    total, " and this rank's is ", n);
   TORCH_CHECK_VALUE(output.is_contiguous(), "reduce_scatter on rank ", rank_, ": output must be contiguous");
   const bool narrow_float = input.scalar_type() == torch::kBFloat16 || input.scalar_type() == torch::kHalf;
+  const bool even = std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
   torch::NoGradGuard no_grad;
+  count_sent(static_cast<double>((total - n) * static_cast<int64_t>(input.element_size())));
   torch::Tensor received;  // (N, n): row r is rank r's chunk for this rank
   if (size_ == 1) {
     received = input.reshape({1, n});
   } else {
     received = torch::empty({size_, n}, input.options());
     torch::Tensor send = as_wire_words(input.contiguous().reshape({-1}));
-    torch::Tensor recv = as_wire_words(received);
-    std::vector<int64_t> equal_splits;  // empty: N equal chunks
-    wait(backend_->alltoall_base(recv, send, equal_splits, equal_splits), "reduce_scatter");
+    torch::Tensor recv = as_wire_words(received.view({-1}));  // splits count along dim 0
+    std::vector<int64_t> out_splits, in_splits;  // both empty: N equal chunks
+    if (!even) {
+      out_splits.assign(size_, n);
+      in_splits = counts;
+    }
+    wait(backend_->alltoall_base(recv, send, out_splits, in_splits), "reduce_scatter");
   }
+  if (n == 0) return;
   const torch::Tensor rows = narrow_float ? received.to(torch::kFloat) : received;
   torch::Tensor reduced;
   switch (op) {
@@ -251,6 +280,7 @@ void ProcessGroup::all_gather_into(torch::Tensor& output, const torch::Tensor& i
     flat.copy_(input.reshape({-1}));
     return;
   }
+  count_sent(ring_share() * static_cast<double>(output.nbytes()));
   std::vector<torch::Tensor> in{as_wire_words(input.contiguous().reshape({-1}))};
   std::vector<std::vector<torch::Tensor>> outs(1);  // views of `output`: Gloo copies each rank's chunk there
   for (int64_t r = 0; r < size_; ++r) outs[0].push_back(as_wire_words(flat.narrow(0, r * n, n)));

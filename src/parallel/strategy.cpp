@@ -4,11 +4,12 @@
 #include "lockstep/parallel/ddp_strategy.h"
 #include "lockstep/parallel/local_strategy.h"
 #include "lockstep/parallel/pipeline_strategy.h"
+#include "lockstep/parallel/zero_strategy.h"
 
 namespace lockstep::parallel {
 
 const std::vector<std::string>& strategy_names() {
-  static const std::vector<std::string> names{"local", "ddp", "pipeline"};
+  static const std::vector<std::string> names{"local", "ddp", "zero1", "zero2", "pipeline"};
   return names;
 }
 
@@ -27,6 +28,10 @@ std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule 
       return std::make_unique<LocalStrategy>(std::move(model), std::move(options));
     case StrategyKind::kDdp:
       return std::make_unique<DdpStrategy>(std::move(model), std::move(options));
+    case StrategyKind::kZero1:
+      return std::make_unique<ZeroStrategy>(std::move(model), std::move(options), ZeroOptions().stage(1));
+    case StrategyKind::kZero2:
+      return std::make_unique<ZeroStrategy>(std::move(model), std::move(options), ZeroOptions().stage(2));
     case StrategyKind::kPipeline:
       return std::make_unique<PipelineStrategy>(std::move(model), std::move(options));
   }

@@ -164,9 +164,12 @@ class TrainingRun {
         micro_batches.push_back({x, y, static_cast<double>(size) / static_cast<double>(samples)});
       }
     }
+    const int64_t sent_before = group_ ? group_->bytes_sent() : 0;
     const double loss = strategy_->forward_backward(micro_batches, loss_function());
     schedule_->apply(strategy_->optimizer(), pos_.step);
     const parallel::StepDecision decision = strategy_->step();
+    if (group_) bytes_sent_ += group_->bytes_sent() - sent_before;
+    ++steps_run_;
     if (decision.stepped) {
       pos_.consecutive_skips = 0;
       pos_.epoch_loss_sum += loss;
@@ -224,10 +227,13 @@ class TrainingRun {
     result_.optim_bytes = m.optim_bytes;
     if (!o_.report_memory()) return;
     const double mib = 1024.0 * 1024.0;
+    // See Note [Counting bytes on the wire]: the collectives of forward_backward() and step().
+    const double sent = steps_run_ > 0 ? static_cast<double>(bytes_sent_) / static_cast<double>(steps_run_) : 0.0;
     std::printf("rank %lld memory: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB "
-                "(optimizer state and fp32 master weights), peak RSS %.1f MiB\n",
+                "(optimizer state and fp32 master weights), peak RSS %.1f MiB; sent %.2f MiB per step\n",
                 static_cast<long long>(world_.rank), static_cast<double>(m.param_bytes) / mib,
-                static_cast<double>(m.grad_bytes) / mib, static_cast<double>(m.optim_bytes) / mib, peak_rss_mib());
+                static_cast<double>(m.grad_bytes) / mib, static_cast<double>(m.optim_bytes) / mib, peak_rss_mib(),
+                sent / mib);
     std::fflush(stdout);
   }
 
@@ -253,6 +259,8 @@ class TrainingRun {
   log::RunLog log_;
   TrainingPosition pos_;
   TrainResult result_;
+  int64_t bytes_sent_ = 0;  // by this rank's collectives during the steps of this run
+  int64_t steps_run_ = 0;
 };
 
 }  // namespace

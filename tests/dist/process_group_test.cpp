@@ -103,6 +103,49 @@ TEST(ProcessGroup, AllGatherIntoFillsOneFlatTensorInRankOrder) {
   });
 }
 
+// Counts split the input unevenly, a rank's count may be 0 (it receives nothing but still takes
+// part): each rank gets the sum of its chunk, as all_reduce then a slice gives it.
+TEST(ProcessGroup, ReduceScatterWithCountsGivesEachRankItsUnevenChunk) {
+  for (const std::vector<int64_t>& counts : {std::vector<int64_t>{4, 1, 2}, std::vector<int64_t>{0, 6, 1}}) {
+    run_ranks(3, [&counts](int64_t rank, ProcessGroup& pg) {
+      const torch::Tensor input = rank_input(rank, 7);
+      torch::Tensor expected = input.clone();
+      pg.all_reduce(expected);
+      int64_t begin = 0;
+      for (int64_t r = 0; r < rank; ++r) begin += counts[r];
+      torch::Tensor out = torch::empty({counts[rank]});
+      pg.reduce_scatter(out, input, counts);
+      EXPECT_TRUE(torch::allclose(out, expected.narrow(0, begin, counts[rank]), 1e-6, 1e-6)) << "rank " << rank;
+    });
+  }
+  run_ranks(2, [](int64_t /*rank*/, ProcessGroup& pg) {
+    torch::Tensor out = torch::empty({2});
+    EXPECT_THAT(testing::error_message([&] { pg.reduce_scatter(out, torch::ones({5}), {2, 2}); }),
+                HasSubstr("input has 5 elements and output 2, but the counts sum to 4"));
+    pg.barrier();
+  });
+}
+
+// See Note [Counting bytes on the wire]: each collective adds this rank's share by the ring cost
+// model, in bytes of the buffer's dtype.
+TEST(ProcessGroup, BytesSentFollowTheRingCostModel) {
+  run_ranks(2, [](int64_t /*rank*/, ProcessGroup& pg) {
+    const int64_t start = pg.bytes_sent();
+    torch::Tensor t = torch::ones({100});  // 400 bytes
+    pg.all_reduce(t);
+    EXPECT_EQ(pg.bytes_sent() - start, 400);  // 2 (N-1)/N x 400
+    torch::Tensor out = torch::empty({50});
+    pg.reduce_scatter(out, torch::ones({100}));
+    EXPECT_EQ(pg.bytes_sent() - start, 600);  // + the other rank's 50 floats
+    torch::Tensor full = torch::empty({100});
+    pg.all_gather_into(full, torch::ones({50}));
+    EXPECT_EQ(pg.bytes_sent() - start, 800);  // + (N-1)/N x 400
+    torch::Tensor bf = torch::ones({100}, torch::kBFloat16);
+    pg.broadcast(bf);
+    EXPECT_EQ(pg.bytes_sent() - start, 900);  // + (N-1)/N x 200
+  });
+}
+
 // Shapes are checked on each rank before anything travels, so both ranks fail at once.
 TEST(ProcessGroup, UnevenOrEmptyShardsAreRejectedNamingTheSizes) {
   run_ranks(2, [](int64_t rank, ProcessGroup& pg) {

@@ -140,7 +140,7 @@ TEST(StepGuard, AllFiniteSeesNanAndInfButNotLargeFiniteValues) {
 }
 
 TEST(Strategy, NamesAreListedOnceAndUnknownOnesAreRefused) {
-  EXPECT_EQ(strategy_names(), (std::vector<std::string>{"local", "ddp", "pipeline"}));
+  EXPECT_EQ(strategy_names(), (std::vector<std::string>{"local", "ddp", "zero1", "zero2", "pipeline"}));
   EXPECT_EQ(parse_strategy("ddp"), StrategyKind::kDdp);
   EXPECT_EQ(to_string(StrategyKind::kLocal), "local");
   EXPECT_THAT(testing::error_message([] { parse_strategy("zero9"); }),

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -63,6 +64,12 @@ class ProcessGroup {
   // the reduction over ranks of input's elements [r*n, (r+1)*n): PyTorch's reduce_scatter_tensor.
   // Uneven (input not N x output) or empty inputs are rejected before anything travels.
   void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  // MPI's Reduce_scatter with counts: input is size() consecutive chunks of counts[0], ...,
+  // counts[N-1] elements (counts equal on every rank, some may be 0); rank r gets the reduction
+  // over ranks of chunk r in output (counts[r] elements). ZeRO-2 reduces a bucket of a flat
+  // gradient whose shards split it unevenly this way (see Note [Flat parameters and shards]).
+  void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, const std::vector<int64_t>& counts,
+                      ReduceOp op = ReduceOp::kSum);
   // input: n elements; output: N x n elements, contiguous, same dtype; elements [r*n, (r+1)*n) of
   // output receive rank r's input: PyTorch's all_gather_into_tensor.
   void all_gather_into(torch::Tensor& output, const torch::Tensor& input);
@@ -83,7 +90,20 @@ class ProcessGroup {
 
   c10d::ProcessGroup& backend() { return *backend_; }
 
+  // Note [Counting bytes on the wire]
+  // Payload bytes this rank has sent in collectives since the group was made, by the cost model
+  // of a bandwidth-optimal (ring) algorithm for a buffer of B bytes on N ranks, whatever Gloo
+  // picks: all-reduce 2(N-1)/N x B (a reduce-scatter then an all-gather); reduce-scatter of a B-byte
+  // input (N-1)/N x B (everything but this rank's own chunk leaves it; with counts, the input less
+  // its own chunk); all-gather into a B-byte output (N-1)/N x B; broadcast (N-1)/N x B (scatter
+  // then all-gather); alltoall the bytes that leave for other ranks; barriers 0. One rank: 0. The
+  // ZeRO paper's 2Psi per step for DDP and ZeRO-1/2 is in these units (elements x their size).
+  int64_t bytes_sent() const { return bytes_sent_.load(); }
+
  private:
+  void count_sent(double bytes) { bytes_sent_ += static_cast<int64_t>(bytes); }
+  double ring_share() const { return static_cast<double>(size_ - 1) / static_cast<double>(size_); }
+
   // Which ranks are still alive after a failed collective, as a sentence for its error.
   std::string roll_call();
 
@@ -92,6 +112,7 @@ class ProcessGroup {
   std::chrono::milliseconds timeout_;
   int64_t rank_;
   int64_t size_;
+  std::atomic<int64_t> bytes_sent_{0};
 };
 
 // Joins (or, on rank 0 with tcp:// and env://, hosts) the rendezvous and builds the backend.

@@ -34,8 +34,8 @@ namespace lockstep::parallel {
 
 // The built-in strategies. strategy_names() lists them in this order, once, for the CLI, its help
 // and its errors.
-enum class StrategyKind { kLocal, kDdp, kPipeline };
-const std::vector<std::string>& strategy_names();  // "local", "ddp", "pipeline"
+enum class StrategyKind { kLocal, kDdp, kZero1, kZero2, kPipeline };
+const std::vector<std::string>& strategy_names();  // "local", "ddp", "zero1", "zero2", "pipeline"
 StrategyKind parse_strategy(const std::string& name);  // error lists strategy_names()
 std::string to_string(StrategyKind kind);
 
@@ -126,7 +126,9 @@ class Strategy {
   // training_state_dict(): every rank calls both, and a strategy whose state is spread over ranks
   // gathers it there; rank 0's result is what is saved.
   virtual c10::Dict<std::string, torch::Tensor> model_state_dict() = 0;
-  // {"optimizer": optimizer.state_dict(), "scaler": GradScaler.state_dict() or {}}.
+  // {"optimizer": optimizer.state_dict(), "scaler": GradScaler.state_dict() or {}}, the optimizer
+  // state in the per-parameter layout of a replica's optimizer whatever the strategy, so that any
+  // strategy resumes it. Collective: every rank calls it (sharded strategies gather their state).
   virtual c10::impl::GenericDict training_state_dict() = 0;
   // Restores what training_state_dict() returned; `source` names it in errors.
   virtual void load_training_state_dict(const c10::impl::GenericDict& state, const std::string& source) = 0;
@@ -134,7 +136,7 @@ class Strategy {
   virtual MemoryReport memory() const = 0;
 };
 
-// A built-in strategy over `model`. ddp needs options.group().
+// A built-in strategy over `model`. ddp, zero1 and zero2 need options.group().
 std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule model, StrategyOptions options);
 
 }  // namespace lockstep::parallel

@@ -47,7 +47,8 @@ class Checkpointer {
   bool enabled() const { return !options_.dir().empty(); }
   // Whether to save once `step` optimizer steps are done, inside an epoch.
   bool due(int64_t step) const { return enabled() && options_.save_every() > 0 && step % options_.save_every() == 0; }
-  // Collective: every rank contributes its RNG state; rank 0 writes and the others wait for it.
+  // Collective: every rank contributes its RNG state and the strategy's training state (gathered
+  // from the shards under zero1/zero2); rank 0 writes and the others wait for it.
   void save(const TrainingPosition& at, parallel::Strategy& strategy);
 
   // The checkpoint file this run resumed from, "" when it did not.

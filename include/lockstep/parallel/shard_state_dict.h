@@ -1,0 +1,37 @@
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/optim/optimizer.h>
+
+#include <string>
+
+#include "lockstep/dist/process_group.h"
+#include "lockstep/parallel/flat_parameters.h"
+
+namespace lockstep::parallel {
+
+// Note [Consolidated optimizer state]
+// A ZeRO rank's optimizer steps one tensor, its shard of the flat parameters (Note [Flat
+// parameters and shards]), so its own state_dict() holds one entry of flat (S) moments. Saved
+// state must not depend on the strategy or the world size, so checkpoints hold what a replica's
+// optimizer would: PyTorch's per-parameter layout (optim::optimizer_state_dict), one numbered
+// entry per model parameter, shaped like it, as ZeroRedundancyOptimizer.consolidate_state_dict
+// gives. Consolidating all-gathers each flat state tensor (exp_avg, exp_avg_sq, momentum_buffer,
+// ...) and cuts it at the parameter offsets; per-element scalars (Adam's step) are the same on
+// every rank and are copied to each parameter. Loading does the reverse from a per-parameter
+// state written under any strategy and world size: each rank flattens it and keeps its range, so
+// a zero2 checkpoint resumes under ddp and a ddp checkpoint under zero1, on any number of ranks.
+
+// Collective (every rank of `group` calls it, in the same order as other collectives): the shard
+// optimizer's state in the per-parameter layout, the same on every rank.
+c10::IValue consolidated_optimizer_state_dict(const torch::optim::Optimizer& shard_optimizer,
+                                              const FlatParameters& flat, dist::ProcessGroup& group);
+
+// Loads a per-parameter optimizer state (a replica's, or consolidated_optimizer_state_dict's) into
+// the shard optimizer: this rank's range of each state tensor. Local (no collective). Errors name
+// `source`, the parameter and the shapes; a state that some parameters have and others lack (a
+// replica that left parameters unused) is refused, as a flat shard cannot hold it.
+void load_sharded_optimizer_state_dict(torch::optim::Optimizer& shard_optimizer, const FlatParameters& flat,
+                                       const c10::IValue& state, const std::string& source);
+
+}  // namespace lockstep::parallel
