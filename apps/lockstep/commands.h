@@ -25,5 +25,6 @@ Command add_train_command(CLI::App& app);
 Command add_export_command(CLI::App& app);
 Command add_predict_command(CLI::App& app);
 Command add_tokenize_command(CLI::App& app);
+Command add_report_command(CLI::App& app);
 
 }  // namespace lockstep::cli

@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   const Command run = add_run_command(app, tail);
   const std::vector<Command> commands{run, add_train_command(app), add_export_command(app),
-                                      add_predict_command(app), add_tokenize_command(app)};
+                                      add_predict_command(app), add_tokenize_command(app),
+                                      add_report_command(app)};
 
   try {
     app.parse(args);

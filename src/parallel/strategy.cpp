@@ -2,12 +2,13 @@
 
 #include "lockstep/core/names.h"
 #include "lockstep/parallel/ddp_strategy.h"
+#include "lockstep/parallel/dp_strategy.h"
 #include "lockstep/parallel/local_strategy.h"
 
 namespace lockstep::parallel {
 
 const std::vector<std::string>& strategy_names() {
-  static const std::vector<std::string> names{"local", "ddp"};
+  static const std::vector<std::string> names{"local", "ddp", "dp"};
   return names;
 }
 
@@ -26,6 +27,10 @@ std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule 
       return std::make_unique<LocalStrategy>(std::move(model), std::move(options));
     case StrategyKind::kDdp:
       return std::make_unique<DdpStrategy>(std::move(model), std::move(options));
+    case StrategyKind::kDp:
+      TORCH_CHECK_VALUE(world == 1, "the dp strategy (DataParallel) is one process driving several replicas, but the "
+                        "group has ", world, " ranks: use ddp under a launcher, or run dp without one");
+      return std::make_unique<DpStrategy>(std::move(model), std::move(options));
   }
   TORCH_CHECK(false, "unhandled strategy ", static_cast<int>(kind));
 }

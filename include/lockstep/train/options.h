@@ -43,6 +43,8 @@ struct TrainOptions {
   // The model's BatchNorm layers normalise over the global batch of all ranks (SyncBatchNorm);
   // needs a model with BatchNorm and a launcher.
   TORCH_ARG(bool, sync_bn) = false;
+  // dp: model replicas, one thread each; 0: the intra-op thread count (--threads), at least 2.
+  TORCH_ARG(int64_t, replicas) = 0;
 
   // The optimizer, with PyTorch's defaults except lr (unset: 0.02 for sgd, 1e-3 for adam and
   // adamw) and weight decay (unset: PyTorch's, 0.01 for adamw and 0 otherwise).
