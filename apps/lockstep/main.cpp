@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   // byte: CLI11 never sees it, because it would rewrite it ('[a b]' and '[1,2]' are CLI11 list
   // syntax, split into several values).
   std::vector<std::string> args(argv + 1, argv + argc);
+  std::string command_line = "lockstep";
+  for (const std::string& a : args) command_line += " " + a;
   const auto dashdash = std::find(args.begin(), args.end(), "--");
   std::optional<std::vector<std::string>> tail;
   if (dashdash != args.end()) tail.emplace(dashdash + 1, args.end());
@@ -27,7 +29,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   const Command run = add_run_command(app, tail);
   const std::vector<Command> commands{run, add_train_command(app), add_export_command(app),
-                                      add_predict_command(app), add_tokenize_command(app), add_serve_command(app)};
+                                      add_predict_command(app), add_tokenize_command(app), add_serve_command(app),
+                                      add_report_command(app), add_bench_command(app, argv[0], command_line)};
 
   try {
     app.parse(args);

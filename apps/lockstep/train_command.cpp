@@ -61,6 +61,9 @@ Command add_train_command(CLI::App& app) {
                                      "Dataset (synthetic: seeded random images)", "fashion-mnist");
   add_enum_option<parallel::StrategyKind>(cmd, "--strategy", parallel::strategy_names(), [o](auto v) { o->strategy(v); },
                                           "How ranks hold and step the model", "ddp under a launcher, else local");
+  cmd->add_option("--replicas", o->replicas(),
+                  "dp: model replicas, one thread each (0: the intra-op thread count, at least 2)")
+      ->check(cli::non_negative_count());
   cmd->add_flag("--sync-bn", o->sync_bn(),
                 "SyncBatchNorm: BatchNorm statistics over the global batch of all ranks (needs a launcher)");
   cmd->add_flag("--checkpoint-activations", o->checkpoint_activations(),

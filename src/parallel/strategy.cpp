@@ -2,6 +2,7 @@
 
 #include "lockstep/core/names.h"
 #include "lockstep/parallel/ddp_strategy.h"
+#include "lockstep/parallel/dp_strategy.h"
 #include "lockstep/parallel/local_strategy.h"
 #include "lockstep/parallel/pipeline_strategy.h"
 #include "lockstep/parallel/zero_strategy.h"
@@ -9,7 +10,7 @@
 namespace lockstep::parallel {
 
 const std::vector<std::string>& strategy_names() {
-  static const std::vector<std::string> names{"local", "ddp", "zero1", "zero2", "pipeline"};
+  static const std::vector<std::string> names{"local", "ddp", "dp", "zero1", "zero2", "pipeline"};
   return names;
 }
 
@@ -28,6 +29,10 @@ std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule 
       return std::make_unique<LocalStrategy>(std::move(model), std::move(options));
     case StrategyKind::kDdp:
       return std::make_unique<DdpStrategy>(std::move(model), std::move(options));
+    case StrategyKind::kDp:
+      TORCH_CHECK_VALUE(world == 1, "the dp strategy (DataParallel) is one process driving several replicas, but the "
+                        "group has ", world, " ranks: use ddp under a launcher, or run dp without one");
+      return std::make_unique<DpStrategy>(std::move(model), std::move(options));
     case StrategyKind::kZero1:
       return std::make_unique<ZeroStrategy>(std::move(model), std::move(options), ZeroOptions().stage(1));
     case StrategyKind::kZero2:

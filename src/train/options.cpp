@@ -95,6 +95,9 @@ void TrainOptions::validate() const {
     TORCH_CHECK_VALUE(false, "--sync-bn: model '", model(), "' has no BatchNorm layer to synchronise; choose one that has (",
                       c10::Join(", ", with_bn), ") or drop --sync-bn");
   }
+  TORCH_CHECK_VALUE(replicas() >= 0, "replicas=", replicas(), " must be >= 0 (0: the intra-op thread count, at least 2)");
+  TORCH_CHECK_VALUE(replicas() == 0 || strategy() == parallel::StrategyKind::kDp, "--replicas ", replicas(),
+                    " applies to --strategy dp (DataParallel's replicas); add --strategy dp or drop --replicas");
   TORCH_CHECK_VALUE(limit() >= 0, "limit=", limit(), " must be >= 0 (0 means all samples)");
   TORCH_CHECK_VALUE(epochs() >= 1, "epochs=", epochs(), " must be at least 1");
   TORCH_CHECK_VALUE(batch_size() >= 1, "batch size ", batch_size(), " must be at least 1");
@@ -199,7 +202,8 @@ parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* gro
                     .stages(stages() > 0 ? stages() : static_cast<int64_t>(split().size()))
                     .micro_batches(micro_batches())
                     .schedule(schedule())
-                    .split(split()));
+                    .split(split()))
+      .replicas(replicas());
   const std::string scale = resolved_loss_scale();
   if (scale == "none") {
     s.loss_scale(amp::GradScalerOptions().enabled(false));

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <limits>
 
+#include "lockstep/core/names.h"
 #include "lockstep/core/process.h"
 #include "lockstep/core/world.h"
 #include "lockstep/data/distributed_sampler.h"
@@ -26,6 +27,41 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The JSONL log's first line of a run (and of each resume): what `lockstep report` shows as the
+// run's settings.
+nlohmann::ordered_json run_event(const TrainOptions& o, const TrainResult& r, const std::string& strategy,
+                                 const std::string& resumed_from) {
+  const optim::OptimizerOptions opt = o.optimizer_options();
+  nlohmann::ordered_json s{{"model", o.model()}, {"data", enum_name(data_source_names(), o.data())},
+                           {"limit", o.limit()}, {"epochs", o.epochs()}, {"batch_size", o.batch_size()},
+                           {"world_size", r.world_size}, {"threads", r.threads}, {"strategy", strategy},
+                           {"optimizer", optim::to_string(o.optimizer())}, {"lr", opt.lr()},
+                           {"lr_schedule", enum_name(lr_schedule_names(), o.lr_schedule())}, {"warmup_steps", o.warmup_steps()},
+                           {"precision", enum_name(precision_names(), o.precision())},
+                           {"opt_level", amp::to_string(o.resolved_opt_level())},
+                           {"loss_scale", o.resolved_loss_scale()}, {"accum_steps", o.accum_steps()},
+                           {"clip_value", o.clip_value()}, {"clip_norm", o.clip_norm()}, {"sync_bn", o.sync_bn()},
+                           {"seed", o.seed()}};
+  nlohmann::ordered_json j{{"event", "run"}, {"settings", std::move(s)}};
+  if (!resumed_from.empty()) j["resumed_from"] = resumed_from;
+  return j;
+}
+
+// The JSONL log's last line: the summary `lockstep train` prints, rank 0's memory breakdown and,
+// with --profile, the per-phase step profile.
+nlohmann::ordered_json summary_event(const TrainResult& r, const StepProfiler& profiler) {
+  nlohmann::ordered_json j{{"event", "summary"}};
+  const nlohmann::ordered_json summary = nlohmann::ordered_json::parse(r.summary_json());
+  for (const auto& [key, value] : summary.items()) j[key] = value;
+  if (profiler.enabled()) {
+    const ProfileSummary p = profiler.summary();
+    nlohmann::ordered_json phases = nlohmann::ordered_json::array();
+    for (const PhaseTime& t : p.phases) phases.push_back({{"name", t.name}, {"mean_ms", t.mean_ms}, {"share", t.share}});
+    j["profile"] = {{"steps", p.steps}, {"step_mean_ms", p.step_mean_ms}, {"phases", std::move(phases)}};
+  }
+  return j;
+}
 
 // One training run: epochs of optimizer steps over micro-batches, driven through a
 // parallel::Strategy (see Note [The Strategy seam]); logging, evaluation and checkpoints between
@@ -58,8 +94,12 @@ class TrainingRun {
     if (checkpoint)
       models::load_state_dict(*model, checkpoint->model, "checkpoint '" + checkpointer_->resumed_from() + "' model");
     model->train();
+    auto strategy_options = o.strategy_options(group_.get(), &profiler_);
+    strategy_options.model_factory([&o, classes = data_.train.num_classes, group = group_.get()] {
+      return torch::nn::AnyModule(models::make_model(o.model(), classes, o.norm_layer(group)));
+    });
     strategy_ = parallel::make_strategy(o.resolved_strategy(world_.world_size), torch::nn::AnyModule(model),
-                                        o.strategy_options(group_.get(), &profiler_));
+                                        std::move(strategy_options));
     pos_ = checkpointer_->restore(checkpoint, *strategy_);
     // Each replica of the model (a rank, or a pipeline's stages) reads its share of the data.
     const int64_t ranks_per_replica = strategy_->ranks_per_replica();
@@ -72,6 +112,7 @@ class TrainingRun {
     if (leader_)
       log_ = log::RunLog(log::RunLogOptions().jsonl(o.log_jsonl()).append(!checkpointer_->resumed_from().empty())
                              .tensorboard(o.tensorboard()));
+    log_.event(run_event(o, result_, strategy_->name(), checkpointer_->resumed_from()));
   }
 
   TrainResult run() {
@@ -97,6 +138,8 @@ class TrainingRun {
     }
     if (leader_) {
       if (!o_.trace().empty()) profiler_.write_chrome_trace(o_.trace(), world_.rank);
+      result_.peak_rss_mib = peak_rss_mib();
+      log_.event(summary_event(result_, profiler_));
       log_.close();
     }
     if (group_) group_->barrier();  // nobody exits (tearing the group down) while rank 0 still writes

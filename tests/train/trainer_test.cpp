@@ -229,14 +229,18 @@ TEST(Trainer, TensorBoardAndJsonlRecordTheSameScalarsOnTheSchedule) {
   testing::TempDir dir;
   train(TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(400).batch_size(20).epochs(2).progress(false)
             .lr_schedule(LrScheduleKind::kCosine).warmup_steps(5).log_every(4).log_jsonl(dir / "log.jsonl").tensorboard(dir / "tb"));
-  std::vector<nlohmann::json> steps, epochs;
+  std::vector<nlohmann::json> steps, epochs, others;
   std::istringstream lines(testing::read_text(dir / "log.jsonl"));
   for (std::string line; std::getline(lines, line);) {
     auto j = nlohmann::json::parse(line);
-    (j["event"] == "step" ? steps : epochs).push_back(j);
+    (j["event"] == "step" ? steps : j["event"] == "epoch" ? epochs : others).push_back(j);
   }
   ASSERT_EQ(steps.size(), 10u);  // 40 steps, every 4th
   ASSERT_EQ(epochs.size(), 2u);
+  ASSERT_EQ(others.size(), 2u);  // the run's settings first, its summary last
+  EXPECT_EQ(others[0]["settings"]["lr_schedule"], "cosine");
+  EXPECT_EQ(others[1]["event"], "summary");
+  EXPECT_EQ(others[1]["steps"], 40);
   const LrSchedule schedule(LrScheduleOptions(0.02).kind(LrScheduleKind::kCosine).warmup_steps(5).total_steps(40));
   for (const auto& j : steps)  // the lr the logged step used
     EXPECT_DOUBLE_EQ(j["lr"].get<double>(), schedule.lr_at(j["step"].get<int64_t>() - 1)) << j.dump();

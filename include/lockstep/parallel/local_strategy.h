@@ -40,6 +40,8 @@ class LocalStrategy : public Strategy {
   const torch::nn::AnyModule& model() const { return model_; }
   const StrategyOptions& options() const { return options_; }
   StepProfiler& profiler() { return *profiler_; }
+  const amp::Amp& amp() const { return *amp_; }
+  StepGuard& guard() { return guard_; }
 
  private:
   torch::nn::AnyModule model_;

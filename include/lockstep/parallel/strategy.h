@@ -34,8 +34,8 @@ namespace lockstep::parallel {
 
 // The built-in strategies. strategy_names() lists them in this order, once, for the CLI, its help
 // and its errors.
-enum class StrategyKind { kLocal, kDdp, kZero1, kZero2, kPipeline };
-const std::vector<std::string>& strategy_names();  // "local", "ddp", "zero1", "zero2", "pipeline"
+enum class StrategyKind { kLocal, kDdp, kDp, kZero1, kZero2, kPipeline };
+const std::vector<std::string>& strategy_names();  // "local", "ddp", "dp", "zero1", "zero2", "pipeline"
 StrategyKind parse_strategy(const std::string& name);  // error lists strategy_names()
 std::string to_string(StrategyKind kind);
 
@@ -52,6 +52,10 @@ struct MicroBatch {
 using LossFunction = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
 // Builds the optimizer over the parameters a rank updates (all of them, or its shard).
 using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor> params)>;
+
+// A fresh model of the same architecture, for strategies that hold several copies (dp's replicas);
+// its weights are overwritten.
+using ModelFactory = std::function<torch::nn::AnyModule()>;
 
 // Pointer types as TORCH_ARG needs them (a macro's `const T&` of `X*` would point to const).
 using ProcessGroupPtr = dist::ProcessGroup*;
@@ -72,6 +76,9 @@ struct StrategyOptions {
   TORCH_ARG(ProcessGroupPtr, group) = nullptr;      // the ranks that train together; null: one process
   TORCH_ARG(StepProfilerPtr, profiler) = nullptr;   // phases of the step, when set
   TORCH_ARG(PipelineOptions, pipeline) = {};        // the pipeline strategy's stages and schedule
+  // dp: model replicas, one thread each; 0: the intra-op thread count, at least 2.
+  TORCH_ARG(int64_t, replicas) = 0;
+  TORCH_ARG(ModelFactory, model_factory);           // dp: builds its replicas
 };
 
 // The outcome of Strategy::step().

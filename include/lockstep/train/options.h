@@ -52,6 +52,8 @@ struct TrainOptions {
   TORCH_ARG(int64_t, micro_batches) = 1;
   TORCH_ARG(parallel::PipelineSchedule, schedule) = parallel::PipelineSchedule::kGPipe;
   TORCH_ARG(std::vector<int64_t>, split);
+  // dp: model replicas, one thread each; 0: the intra-op thread count (--threads), at least 2.
+  TORCH_ARG(int64_t, replicas) = 0;
 
   // The optimizer, with PyTorch's defaults except lr (unset: 0.02 for sgd, 1e-3 for adam and
   // adamw) and weight decay (unset: PyTorch's, 0.01 for adamw and 0 otherwise).

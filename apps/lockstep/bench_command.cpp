@@ -1,0 +1,55 @@
+// `lockstep bench`: one model and data set under every strategy x precision configuration.
+#include <unistd.h>
+
+#include <climits>
+#include <iostream>
+#include <memory>
+
+#include "checks.h"
+#include "commands.h"
+#include "lockstep/bench/runner.h"
+#include "lockstep/core/process.h"
+
+namespace lockstep::cli {
+namespace {
+
+// This executable's path, so every row runs the same lockstep.
+std::string self_path(const std::string& fallback) {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : fallback;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app, const std::string& argv0, const std::string& command_line) {
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Train one model under every strategy x precision configuration; table, CSV, JSON and SVG charts");
+  cmd->option_defaults()->always_capture_default();
+  auto o = std::make_shared<bench::BenchOptions>();
+  cmd->add_option("--model", o->model(), "Reference model every row trains");
+  cmd->add_option("--data", o->data(), "fashion-mnist or synthetic");
+  cmd->add_option("--limit", o->limit(), "Training samples (0: all)")->check(cli::non_negative_count());
+  cmd->add_option("--epochs", o->epochs(), "Epochs per row")->check(cli::positive_count());
+  cmd->add_option("--batch-size", o->global_batch(), "Global batch: samples per optimizer step over all ranks")
+      ->check(cli::positive_count());
+  cmd->add_option("--lr", o->lr(), "SGD learning rate (momentum 0.9), for lockstep and the peer alike");
+  cmd->add_option("--only", o->only(), "Comma-separated configurations to run (default: all; see results.md)");
+  cmd->add_flag("--peer", o->peer(), "Also run PyTorch's DDP (the Python peer), alternating with lockstep's rows");
+  cmd->add_option("--peer-dir", o->peer_dir(), "Directory of the Python peer (run_ddp.sh, fmnist_ddp.py)");
+  cmd->add_option("--out", o->out(), "Directory for results.csv/.json/.md, throughput.svg, memory.svg and logs/");
+  cmd->add_option("--timeout", o->timeout(), "Seconds one row may take before it is killed")
+      ->check(cli::positive_number());
+  return {cmd, [o, argv0, command_line] {
+            o->lockstep(self_path(argv0)).command(command_line);
+            const auto results = bench::run_bench(*o, bench::default_matrix(available_cores()),
+                                                  [](const std::string& line) { std::cout << line << std::endl; });
+            std::cout << "lockstep bench: wrote " << o->out() << "/results.md (and .csv, .json, throughput.svg, "
+                      << "memory.svg)\n";
+            for (const auto& r : results.rows)
+              if (!r.ok) return 1;
+            return 0;
+          }};
+}
+
+}  // namespace lockstep::cli

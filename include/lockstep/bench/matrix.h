@@ -1,0 +1,35 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lockstep::bench {
+
+// One configuration of `lockstep bench`: how `lockstep train` is started for it. Every row trains
+// the same model on the same data with the same global batch (BenchOptions::global_batch: per-rank
+// batch = global batch / (world_size x accum_steps)), so rows differ only in how they train.
+struct BenchConfig {
+  std::string key;                 // what --only names: "ddp-bf16"
+  std::string name;                // the table's name: "ddp + bf16 O1"
+  int64_t world_size = 1;          // processes (lockstep run --nproc-per-node)
+  int64_t threads = 1;             // intra-op threads per process
+  int64_t accum_steps = 1;
+  std::vector<std::string> args;   // added to `lockstep train`'s command line
+  bool comm_gradients = false;     // all-reduces the gradients every optimizer step
+  bool peer = false;               // --peer runs PyTorch's counterpart right after it
+  std::vector<std::string> peer_args;  // the peer's extra flags (--amp)
+  std::string note;                // shown under the table: why the row reads as it does
+};
+
+// The built-in matrix for a machine with `cores` cores: single process fp32 and bf16 O1/O2/O3
+// with every core, dp with a replica per core, and ddp (fp32, bf16, accumulation, SyncBN) with a
+// rank per core and one thread each, so every row uses all cores once. Sharded strategies are
+// one line each here when they exist.
+std::vector<BenchConfig> default_matrix(int64_t cores);
+
+// The configurations `only` names (comma-separated keys, in the matrix's order); all when empty.
+// Throws c10::ValueError naming an unknown key and listing the known ones.
+std::vector<BenchConfig> select(const std::vector<BenchConfig>& matrix, const std::string& only);
+
+}  // namespace lockstep::bench

@@ -1,0 +1,80 @@
+#include "lockstep/bench/runner.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+
+#include "../test_util.h"
+
+namespace lockstep::bench {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(BenchMatrix, UsesEveryCoreOnceAndOnlySelectsNamedRows) {
+  const auto m = default_matrix(2);
+  std::vector<std::string> keys;
+  for (const BenchConfig& c : m) {
+    keys.push_back(c.key);
+    EXPECT_EQ(c.world_size * c.threads, 2) << c.key << ": every row uses the two cores once";
+  }
+  EXPECT_EQ(keys, (std::vector<std::string>{"fp32", "bf16-o1", "bf16-o2", "bf16-o3", "dp", "ddp", "ddp-bf16",
+                                            "ddp-accum", "ddp-syncbn"}));
+  const auto picked = select(m, "ddp,fp32");
+  ASSERT_EQ(picked.size(), 2u);
+  EXPECT_EQ(picked[0].key, "fp32");  // the matrix's order
+  EXPECT_EQ(picked[1].key, "ddp");
+  EXPECT_THAT(testing::error_message([&] { select(m, "ddp,zero9"); }),
+              HasSubstr("--only: unknown configuration 'zero9'; choose from fp32, bf16-o1"));
+  EXPECT_THAT(testing::error_message([] { BenchOptions().data("synthetic").peer(true).validate(); }),
+              HasSubstr("--peer runs PyTorch on Fashion-MNIST, but --data is 'synthetic'"));
+}
+
+// `lockstep bench` on a tiny synthetic configuration: each row runs as its own process (ddp under
+// `lockstep run` with two ranks), and the outputs agree with each other and with what the rows
+// measured: dp holds two replicas' parameters, ddp all-reduces one copy of the gradients per step,
+// the table and the charts carry each row's figures.
+TEST(Bench, RunsEachRowAsAChildAndWritesTheTableCsvJsonAndCharts) {
+  testing::TempDir dir;
+  const auto r = testing::run_command(std::string(LOCKSTEP_CLI) + " bench --model mlp --data synthetic --limit 200 "
+                                      "--batch-size 40 --only fp32,dp,ddp --timeout 300 --out " + dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("[1/3] local fp32 (1 x "));
+  EXPECT_THAT(r.output, HasSubstr("[3/3] ddp (2 x 1): "));
+
+  const log::BenchResults b = log::read_bench_results(dir.path());
+  ASSERT_EQ(b.rows.size(), 3u);
+  for (const auto& row : b.rows) {
+    EXPECT_TRUE(row.ok) << row.name << ": " << row.error;
+    EXPECT_GT(row.samples_per_s, 0) << row.name;
+    EXPECT_GT(row.peak_rss_mib, 0) << row.name;
+  }
+  const auto &local = b.rows[0], &dp = b.rows[1], &ddp = b.rows[2];
+  EXPECT_EQ(dp.param_bytes, 2 * local.param_bytes);
+  EXPECT_EQ(ddp.param_bytes, local.param_bytes);
+  EXPECT_EQ(ddp.comm_bytes_per_step, ddp.param_bytes);
+  EXPECT_EQ(local.comm_bytes_per_step, 0);
+  EXPECT_EQ(ddp.world_size, 2);
+  EXPECT_THAT(b.command, HasSubstr("bench --model mlp"));
+
+  const std::string md = testing::read_text(dir / "results.md"), csv = testing::read_text(dir / "results.csv");
+  for (const auto& row : b.rows) {
+    EXPECT_THAT(md, HasSubstr("| " + row.name + " | lockstep |"));
+    EXPECT_THAT(csv, HasSubstr(row.name + ",lockstep,"));
+  }
+  EXPECT_THAT(md, HasSubstr("## What to pick"));
+  const std::string speed = testing::read_text(dir / "throughput.svg");
+  const std::regex bar("data-value=\"([^\"]*)\"");
+  std::vector<double> values;
+  for (auto it = std::sregex_iterator(speed.begin(), speed.end(), bar); it != std::sregex_iterator(); ++it)
+    values.push_back(std::stod((*it)[1]));
+  ASSERT_EQ(values.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(values[i], b.rows[i].samples_per_s, 1e-6 * b.rows[i].samples_per_s);
+  EXPECT_THAT(testing::read_text(dir / "memory.svg"), HasSubstr("data-series=\"optimizer state\""));
+  EXPECT_TRUE(std::filesystem::exists(dir / "logs/ddp.log"));
+}
+
+}  // namespace
+}  // namespace lockstep::bench
