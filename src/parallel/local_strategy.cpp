@@ -14,12 +14,7 @@ int64_t bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_
 
 LocalStrategy::LocalStrategy(torch::nn::AnyModule model, StrategyOptions options)
     : model_(std::move(model)), module_(model_.ptr()), options_(std::move(options)), guard_(options_.group()) {
-  TORCH_CHECK_VALUE(static_cast<bool>(options_.optimizer()),
-                    "StrategyOptions().optimizer(...) is unset: pass a factory that builds the optimizer");
-  TORCH_CHECK_VALUE(std::isfinite(options_.clip_value()) && options_.clip_value() >= 0, "clip_value ",
-                    options_.clip_value(), " must be >= 0 (0: no clipping)");
-  TORCH_CHECK_VALUE(std::isfinite(options_.clip_norm()) && options_.clip_norm() >= 0, "clip_norm ",
-                    options_.clip_norm(), " must be >= 0 (0: no clipping)");
+  check_strategy_options(options_);
   if (options_.profiler() == nullptr)
     disabled_profiler_ = std::make_unique<StepProfiler>(StepProfilerOptions().enabled(false));
   profiler_ = options_.profiler() ? options_.profiler() : disabled_profiler_.get();

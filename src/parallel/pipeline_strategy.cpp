@@ -74,14 +74,9 @@ PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions o
   model_ = std::dynamic_pointer_cast<models::Classifier>(model.ptr());
   TORCH_CHECK_VALUE(model_ != nullptr, "the pipeline strategy cuts a model into stages by its blocks: pass a "
                     "models::Classifier (a reference model, or a subclass that lists its blocks())");
-  TORCH_CHECK_VALUE(static_cast<bool>(options_.optimizer()),
-                    "StrategyOptions().optimizer(...) is unset: pass a factory that builds the optimizer");
+  check_strategy_options(options_);
   TORCH_CHECK_VALUE(options_.opt_level() == amp::OptLevel::kO0, "the pipeline strategy trains in fp32 only, but the "
                     "opt level is ", amp::to_string(options_.opt_level()), ": drop --precision and --opt-level");
-  TORCH_CHECK_VALUE(std::isfinite(options_.clip_value()) && options_.clip_value() >= 0, "clip_value ",
-                    options_.clip_value(), " must be >= 0 (0: no clipping)");
-  TORCH_CHECK_VALUE(std::isfinite(options_.clip_norm()) && options_.clip_norm() >= 0, "clip_norm ",
-                    options_.clip_norm(), " must be >= 0 (0: no clipping)");
   const PipelineOptions& p = options_.pipeline();
   const int64_t world = group_ ? group_->size() : 1;
   rank_ = group_ ? group_->rank() : 0;

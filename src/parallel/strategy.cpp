@@ -1,5 +1,7 @@
 #include "lockstep/parallel/strategy.h"
 
+#include <cmath>
+
 #include "lockstep/core/names.h"
 #include "lockstep/parallel/ddp_strategy.h"
 #include "lockstep/parallel/dp_strategy.h"
@@ -19,6 +21,15 @@ StrategyKind parse_strategy(const std::string& name) {
 }
 
 std::string to_string(StrategyKind kind) { return enum_name(strategy_names(), kind); }
+
+void check_strategy_options(const StrategyOptions& options) {
+  TORCH_CHECK_VALUE(static_cast<bool>(options.optimizer()),
+                    "StrategyOptions().optimizer(...) is unset: pass a factory that builds the optimizer");
+  TORCH_CHECK_VALUE(std::isfinite(options.clip_value()) && options.clip_value() >= 0, "clip_value ",
+                    options.clip_value(), " must be >= 0 (0: no clipping)");
+  TORCH_CHECK_VALUE(std::isfinite(options.clip_norm()) && options.clip_norm() >= 0, "clip_norm ",
+                    options.clip_norm(), " must be >= 0 (0: no clipping)");
+}
 
 std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule model, StrategyOptions options) {
   const int64_t world = options.group() ? options.group()->size() : 1;

@@ -41,12 +41,7 @@ ZeroStrategy::ZeroStrategy(torch::nn::AnyModule model, StrategyOptions options, 
       zero_(zero),
       group_(required_group(options_, zero_)),
       guard_(&group_) {
-  TORCH_CHECK_VALUE(static_cast<bool>(options_.optimizer()),
-                    "StrategyOptions().optimizer(...) is unset: pass a factory that builds the optimizer");
-  TORCH_CHECK_VALUE(std::isfinite(options_.clip_value()) && options_.clip_value() >= 0, "clip_value ",
-                    options_.clip_value(), " must be >= 0 (0: no clipping)");
-  TORCH_CHECK_VALUE(std::isfinite(options_.clip_norm()) && options_.clip_norm() >= 0, "clip_norm ",
-                    options_.clip_norm(), " must be >= 0 (0: no clipping)");
+  check_strategy_options(options_);
   if (options_.profiler() == nullptr)
     disabled_profiler_ = std::make_unique<StepProfiler>(StepProfilerOptions().enabled(false));
   profiler_ = options_.profiler() ? options_.profiler() : disabled_profiler_.get();

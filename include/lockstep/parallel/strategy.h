@@ -81,6 +81,10 @@ struct StrategyOptions {
   TORCH_ARG(ModelFactory, model_factory);           // dp: builds its replicas
 };
 
+// What every built-in strategy's constructor checks first: an optimizer factory is set and the
+// clipping thresholds are finite and >= 0. Throws c10::ValueError naming the value.
+void check_strategy_options(const StrategyOptions& options);
+
 // The outcome of Strategy::step().
 struct StepDecision {
   bool stepped = false;
