@@ -26,7 +26,7 @@ TEST(Cli, TrainHelpListsEveryOptionWithItsDefault) {
   auto r = run_command(kCli + " train --help");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* expected :
-       {"--model TEXT:{convnet,mlp,resnet18}=convnet", "--data TEXT:{fashion-mnist,synthetic}=fashion-mnist",
+       {"--model TEXT:{convnet,mlp,mlp-wide,resnet18}=convnet", "--data TEXT:{fashion-mnist,synthetic}=fashion-mnist",
         "--data-dir TEXT=/usr/share/datasets/fashion-mnist", "--limit INT:NONNEGATIVE=0",
         "--epochs INT:POSITIVE=1", "--batch-size INT:POSITIVE=100", "--lr FLOAT:NONNEGATIVE=0.02",
         "--momentum FLOAT:NONNEGATIVE=0.9", "--weight-decay FLOAT:NONNEGATIVE=0", "--seed UINT=0",

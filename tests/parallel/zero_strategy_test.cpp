@@ -317,7 +317,7 @@ TEST(ZeroStrategy, BadConfigurationsAreRefusedNamingTheFix) {
                   [&] { make_strategy(StrategyKind::kZero2, model(), with_optimizer(OptimizerKind::kAdam)); }),
               HasSubstr("the zero2 strategy shards the optimizer state across ranks and needs a process group"));
   EXPECT_THAT(testing::error_message([] { parse_strategy("zero3"); }),
-              HasSubstr("unknown strategy 'zero3'; choose local, ddp, zero1, zero2"));
+              HasSubstr("unknown strategy 'zero3'; choose local, ddp, dp, zero1, zero2, pipeline"));
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     const StrategyOptions o2 = with_optimizer(OptimizerKind::kAdam).group(&group).opt_level(amp::OptLevel::kO2);
     EXPECT_THAT(testing::error_message([&] { ZeroStrategy(model(), o2, ZeroOptions().stage(1)); }),
