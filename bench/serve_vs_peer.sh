@@ -66,7 +66,8 @@ PY
 drive() {  # SERVER CONCURRENCY N -> "requests/s p50_ms p99_ms non_200"
   local out
   out=$(hey -n "$3" -c "$2" -m POST -T application/json -D "$work/request.json" "${url[$1]}")
-  awk -v total="$3" '
+  # hey sends N / CONCURRENCY requests per worker, rounded down: 1984 of 2000 at concurrency 32.
+  awk -v total="$(( $3 / $2 * $2 ))" '
     /Requests\/sec:/ { rps = $2 }
     /50% in/ { p50 = $3 * 1000 }
     /99% in/ { p99 = $3 * 1000 }
