@@ -123,6 +123,21 @@ std::string failure(const std::string& log_path, const std::optional<int>& code,
   return "exit " + std::to_string(*code) + ": " + (error.empty() ? last : error);
 }
 
+// Reads a finished row's summary into `r`: ok, or the error; on success the fields every run
+// reports (time, samples/s, peak RSS, accuracy). Returns the summary (null on failure).
+nlohmann::json read_summary(log::BenchRow& r, const std::optional<int>& code, const std::string& log_path,
+                            double timeout_s) {
+  nlohmann::json s = last_json(log_path);
+  r.ok = code == 0 && !s.is_null();
+  if (!r.ok) {
+    r.error = failure(log_path, code, timeout_s);
+    return nullptr;
+  }
+  r.train_s = s.value("train_s", 0.0), r.samples_per_s = s.value("samples_per_s", 0.0);
+  r.peak_rss_mib = s.value("peak_rss_mib", 0.0), r.test_acc = s.value("test_acc", 0.0);
+  return s;
+}
+
 log::BenchRow lockstep_row(const BenchOptions& o, const BenchConfig& c, const std::string& log_path) {
   const int64_t batch = std::max<int64_t>(1, o.global_batch() / (c.world_size * c.accum_steps));
   std::vector<std::string> train{o.lockstep(), "train", "--quiet", "--model", o.model(), "--data", o.data(),
@@ -138,15 +153,9 @@ log::BenchRow lockstep_row(const BenchOptions& o, const BenchConfig& c, const st
   r.setup = std::to_string(c.world_size) + " x " + std::to_string(c.threads) + ", batch " + std::to_string(batch) +
             (c.accum_steps > 1 ? " x " + std::to_string(c.accum_steps) + " micro-batches" : "");
   const auto code = run_child(argv, {"OMP_NUM_THREADS=" + std::to_string(c.threads)}, log_path, o.timeout());
-  const nlohmann::json s = last_json(log_path);
-  r.ok = code == 0 && !s.is_null();
-  if (!r.ok) {
-    r.error = failure(log_path, code, o.timeout());
-    return r;
-  }
-  r.train_s = s.value("train_s", 0.0), r.samples_per_s = s.value("samples_per_s", 0.0);
-  r.peak_rss_mib = s.value("peak_rss_mib", 0.0), r.final_loss = s.value("final_loss", 0.0);
-  r.test_acc = s.value("test_acc", 0.0);
+  const nlohmann::json s = read_summary(r, code, log_path, o.timeout());
+  if (!r.ok) return r;
+  r.final_loss = s.value("final_loss", 0.0);
   r.param_bytes = s.value("param_bytes", int64_t{0}), r.grad_bytes = s.value("grad_bytes", int64_t{0});
   r.optim_bytes = s.value("optim_bytes", int64_t{0});
   // The all-reduce payload: every gradient once per optimizer step, in the parameters' dtype.
@@ -167,14 +176,8 @@ log::BenchRow peer_row(const BenchOptions& o, const BenchConfig& c, const std::s
   const auto code = run_child(argv, {"N=" + std::to_string(c.world_size), "PORT=" + std::to_string(free_port()),
                                      "OMP_NUM_THREADS=" + std::to_string(c.threads)},
                               log_path, o.timeout());
-  const nlohmann::json s = last_json(log_path);
-  r.ok = code == 0 && !s.is_null();
-  if (!r.ok) {
-    r.error = failure(log_path, code, o.timeout());
-    return r;
-  }
-  r.train_s = s.value("train_s", 0.0), r.samples_per_s = s.value("samples_per_s", 0.0);
-  r.peak_rss_mib = s.value("peak_rss_mib", 0.0), r.test_acc = s.value("test_acc", 0.0);
+  read_summary(r, code, log_path, o.timeout());
+  if (!r.ok) return r;
   r.final_loss = NAN;
   return r;
 }
