@@ -35,14 +35,19 @@ Command add_bench_command(CLI::App& app, const std::string& argv0, const std::st
       ->check(cli::positive_count());
   cmd->add_option("--lr", o->lr(), "SGD learning rate (momentum 0.9), for lockstep and the peer alike");
   cmd->add_option("--only", o->only(), "Comma-separated configurations to run (default: all; see results.md)");
+  auto matrix_file = std::make_shared<std::string>();
+  cmd->add_option("--matrix", *matrix_file, "YAML file of configurations to run instead of the built-in matrix");
   cmd->add_flag("--peer", o->peer(), "Also run PyTorch's DDP (the Python peer), alternating with lockstep's rows");
   cmd->add_option("--peer-dir", o->peer_dir(), "Directory of the Python peer (run_ddp.sh, fmnist_ddp.py)");
   cmd->add_option("--out", o->out(), "Directory for results.csv/.json/.md, throughput.svg, memory.svg and logs/");
   cmd->add_option("--timeout", o->timeout(), "Seconds one row may take before it is killed")
       ->check(cli::positive_number());
-  return {cmd, [o, argv0, command_line] {
+  return {cmd, [o, matrix_file, argv0, command_line] {
             o->lockstep(self_path(argv0)).command(command_line);
-            const auto results = bench::run_bench(*o, bench::default_matrix(available_cores()),
+            const int64_t cores = available_cores();
+            const auto matrix =
+                matrix_file->empty() ? bench::default_matrix(cores) : bench::read_matrix(*matrix_file, cores);
+            const auto results = bench::run_bench(*o, matrix,
                                                   [](const std::string& line) { std::cout << line << std::endl; });
             std::cout << "lockstep bench: wrote " << o->out() << "/results.md (and .csv, .json, throughput.svg, "
                       << "memory.svg)\n";

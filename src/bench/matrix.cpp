@@ -3,7 +3,11 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <set>
 #include <sstream>
 
 namespace lockstep::bench {
@@ -20,7 +24,7 @@ std::vector<BenchConfig> default_matrix(int64_t cores) {
   auto ddp = [&](std::string key, std::string name, std::vector<std::string> args, std::string note = "") {
     BenchConfig c;
     c.key = std::move(key), c.name = std::move(name), c.world_size = n, c.threads = 1, c.args = std::move(args);
-    c.comm_gradients = true, c.note = std::move(note);
+    c.note = std::move(note);
     return c;
   };
   std::vector<BenchConfig> m;
@@ -49,7 +53,97 @@ std::vector<BenchConfig> default_matrix(int64_t cores) {
   m.push_back(accum);
   m.push_back(ddp("ddp-syncbn", "ddp + SyncBN", {"--sync-bn"},
                   "BatchNorm statistics over the global batch: one more all-reduce per BatchNorm layer"));
+  m.push_back(ddp("zero1", "zero1", {"--strategy", "zero1"},
+                  "ZeRO stage 1: each rank keeps the optimizer state of its shard; gradients all-reduced, "
+                  "updated shards all-gathered"));
+  m.push_back(ddp("zero2", "zero2", {"--strategy", "zero2"},
+                  "ZeRO stage 2: gradients reduce-scattered too, so each rank keeps only its shard's gradients"));
   return m;
+}
+
+namespace {
+
+// "FILE:LINE" of a YAML node, for errors (yaml-cpp counts lines from 0).
+std::string where(const std::string& path, const YAML::Node& node) {
+  return path + ":" + std::to_string(node.Mark().line + 1);
+}
+
+template <typename T>
+T scalar(const std::string& path, const YAML::Node& node, const std::string& field) {
+  try {
+    return node.as<T>();
+  } catch (const YAML::Exception&) {
+    TORCH_CHECK_VALUE(false, where(path, node), ": '", field, "' must be ",
+                      std::is_same_v<T, bool> ? "true or false" : std::is_integral_v<T> ? "an integer" : "a string",
+                      ", got '", YAML::Dump(node), "'");
+  }
+}
+
+std::vector<std::string> strings(const std::string& path, const YAML::Node& node, const std::string& field) {
+  TORCH_CHECK_VALUE(node.IsSequence(), where(path, node), ": '", field, "' must be a list, as [--precision, bf16]");
+  std::vector<std::string> out;
+  for (const YAML::Node& item : node) out.push_back(scalar<std::string>(path, item, field));
+  return out;
+}
+
+BenchConfig read_config(const std::string& path, const YAML::Node& node, int64_t cores) {
+  TORCH_CHECK_VALUE(node.IsMap(), where(path, node), ": a configuration must be a mapping with at least 'key'");
+  TORCH_CHECK_VALUE(node["key"], where(path, node), ": a configuration without 'key' (the name --only selects)");
+  BenchConfig c;
+  c.key = scalar<std::string>(path, node["key"], "key");
+  TORCH_CHECK_VALUE(!c.key.empty() && c.key.find(',') == std::string::npos, where(path, node["key"]), ": key '", c.key,
+                    "' must be non-empty and free of commas (--only separates keys with them)");
+  c.name = c.key;
+  bool threads_set = false;
+  for (const auto& field : node) {
+    const std::string name = field.first.as<std::string>();
+    const YAML::Node& v = field.second;
+    if (name == "key") continue;
+    if (name == "name") c.name = scalar<std::string>(path, v, name);
+    else if (name == "world_size") c.world_size = scalar<int64_t>(path, v, name);
+    else if (name == "threads") c.threads = scalar<int64_t>(path, v, name), threads_set = true;
+    else if (name == "accum_steps") c.accum_steps = scalar<int64_t>(path, v, name);
+    else if (name == "args") c.args = strings(path, v, name);
+    else if (name == "peer") c.peer = scalar<bool>(path, v, name);
+    else if (name == "peer_args") c.peer_args = strings(path, v, name);
+    else if (name == "note") c.note = scalar<std::string>(path, v, name);
+    else
+      TORCH_CHECK_VALUE(false, where(path, field.first), ": unknown field '", name, "' in configuration '", c.key,
+                        "'; fields are key, name, world_size, threads, accum_steps, args, peer, peer_args, note");
+  }
+  TORCH_CHECK_VALUE(c.world_size >= 1, where(path, node), ": '", c.key, "': world_size ", c.world_size, " must be >= 1");
+  TORCH_CHECK_VALUE(c.accum_steps >= 1, where(path, node), ": '", c.key, "': accum_steps ", c.accum_steps,
+                    " must be >= 1");
+  if (!threads_set) c.threads = std::max<int64_t>(1, cores / c.world_size);  // every core once, as the built-in rows
+  TORCH_CHECK_VALUE(c.threads >= 1, where(path, node), ": '", c.key, "': threads ", c.threads, " must be >= 1");
+  return c;
+}
+
+}  // namespace
+
+std::vector<BenchConfig> read_matrix(const std::string& path, int64_t cores) {
+  TORCH_CHECK_VALUE(std::filesystem::is_regular_file(path), "--matrix: no such file '", path, "'");
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    TORCH_CHECK_VALUE(false, "--matrix: ", path, ":", e.mark.line + 1, ": ", e.msg);
+  }
+  const YAML::Node list = root.IsMap() ? root["configurations"] : root;
+  TORCH_CHECK_VALUE(list && list.IsSequence() && list.size() > 0, "--matrix: ", path,
+                    " must hold a non-empty list of configurations (at the top or under 'configurations:')");
+  if (root.IsMap())
+    for (const auto& field : root)
+      TORCH_CHECK_VALUE(field.first.as<std::string>() == "configurations", "--matrix: ", where(path, field.first),
+                        ": unknown field '", field.first.as<std::string>(), "'; the file holds 'configurations:'");
+  std::vector<BenchConfig> matrix;
+  std::set<std::string> keys;
+  for (const YAML::Node& node : list) {
+    matrix.push_back(read_config(path, node, cores));
+    TORCH_CHECK_VALUE(keys.insert(matrix.back().key).second, "--matrix: ", where(path, node), ": key '",
+                      matrix.back().key, "' appears twice; keys name rows and must be unique");
+  }
+  return matrix;
 }
 
 std::vector<BenchConfig> select(const std::vector<BenchConfig>& matrix, const std::string& only) {

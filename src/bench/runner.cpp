@@ -158,8 +158,7 @@ log::BenchRow lockstep_row(const BenchOptions& o, const BenchConfig& c, const st
   r.final_loss = s.value("final_loss", 0.0);
   r.param_bytes = s.value("param_bytes", int64_t{0}), r.grad_bytes = s.value("grad_bytes", int64_t{0});
   r.optim_bytes = s.value("optim_bytes", int64_t{0});
-  // The all-reduce payload: every gradient once per optimizer step, in the parameters' dtype.
-  r.comm_bytes_per_step = c.comm_gradients ? r.param_bytes : 0;
+  r.comm_bytes_per_step = s.value("sent_bytes_per_step", int64_t{0});
   return r;
 }
 

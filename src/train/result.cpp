@@ -25,6 +25,7 @@ std::string TrainResult::summary_json() const {
   j["param_bytes"] = param_bytes;
   j["grad_bytes"] = grad_bytes;
   j["optim_bytes"] = optim_bytes;
+  j["sent_bytes_per_step"] = sent_bytes_per_step;
   j["steps"] = steps;
   j["skipped_steps"] = skipped_steps;
   return j.dump();

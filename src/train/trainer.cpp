@@ -268,10 +268,11 @@ class TrainingRun {
     result_.param_bytes = m.param_bytes;
     result_.grad_bytes = m.grad_bytes;
     result_.optim_bytes = m.optim_bytes;
-    if (!o_.report_memory()) return;
-    const double mib = 1024.0 * 1024.0;
     // See Note [Counting bytes on the wire]: the collectives of forward_backward() and step().
     const double sent = steps_run_ > 0 ? static_cast<double>(bytes_sent_) / static_cast<double>(steps_run_) : 0.0;
+    result_.sent_bytes_per_step = static_cast<int64_t>(sent);
+    if (!o_.report_memory()) return;
+    const double mib = 1024.0 * 1024.0;
     std::printf("rank %lld memory: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB "
                 "(optimizer state and fp32 master weights), peak RSS %.1f MiB; sent %.2f MiB per step\n",
                 static_cast<long long>(world_.rank), static_cast<double>(m.param_bytes) / mib,

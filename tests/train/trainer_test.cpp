@@ -80,10 +80,11 @@ TEST(Trainer, SummaryJsonHasTheDocumentedKeysInOrder) {
   r.test_acc = 0.891234;
   r.final_loss = 0.25;
   r.peak_rss_mib = 300.04;
+  r.sent_bytes_per_step = 4096;
   EXPECT_EQ(r.summary_json(),
             R"({"world_size":1,"samples_per_s":1234.6,"train_s":1.5,"test_acc":0.8912,)"
-            R"("final_loss":0.25,"peak_rss_mib":300.0,"param_bytes":0,"grad_bytes":0,"optim_bytes":0,"steps":0,)"
-            R"("skipped_steps":0})");
+            R"("final_loss":0.25,"peak_rss_mib":300.0,"param_bytes":0,"grad_bytes":0,"optim_bytes":0,)"
+            R"("sent_bytes_per_step":4096,"steps":0,"skipped_steps":0})");
 }
 
 TEST(Trainer, RejectsBadOptionsNamingTheValue) {

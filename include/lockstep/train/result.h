@@ -28,13 +28,14 @@ struct TrainResult {
   int64_t param_bytes = 0;      // this rank's model parameters
   int64_t grad_bytes = 0;       // their gradients (and the fp32 masters' at O2)
   int64_t optim_bytes = 0;      // optimizer state (momentum, Adam moments), and fp32 master weights at O2
+  int64_t sent_bytes_per_step = 0;  // this rank's collectives per optimizer step (Note [Counting bytes on the wire])
   std::string profile;          // --profile's table, "" without it
   std::vector<double> step_losses;  // every optimizer step's loss (mean over its samples), in order
   std::vector<EpochResult> epochs;
 
   // The one-line summary `lockstep train` prints last:
   // {"world_size":1,"samples_per_s":..,"train_s":..,"test_acc":..,"final_loss":..,"peak_rss_mib":..,
-  //  "param_bytes":..,"grad_bytes":..,"optim_bytes":..,"steps":..,"skipped_steps":..}
+  //  "param_bytes":..,"grad_bytes":..,"optim_bytes":..,"sent_bytes_per_step":..,"steps":..,"skipped_steps":..}
   std::string summary_json() const;
 };
 
