@@ -7,7 +7,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <functional>
+#include <random>
 
 namespace lockstep {
 namespace {
@@ -34,6 +38,64 @@ TEST(HttpProtocol, FlatAndNestedJsonDataGiveTheSameTensor) {
   EXPECT_TRUE(torch::equal(flat.input, nested.input));
   EXPECT_FLOAT_EQ(flat.input[1][0][1][1].item<float>(), 8.5f);
   EXPECT_FALSE(flat.binary_output);
+}
+
+// The numbers of a request's data as a JSON DOM reads them: nlohmann's parse, then get<float>.
+std::vector<float> dom_values(const std::string& body) {
+  std::vector<float> out;
+  std::function<void(const nlohmann::json&)> walk = [&](const nlohmann::json& v) {
+    if (v.is_array()) {
+      for (const auto& item : v) walk(item);
+    } else {
+      out.push_back(v.get<float>());
+    }
+  };
+  walk(nlohmann::json::parse(body)["inputs"][0]["data"]);
+  return out;
+}
+
+// See Note [Reading tensor data without a JSON DOM]: every way JSON can write a number, in flat and
+// nested arrays with any whitespace, gives the bits the DOM gives.
+TEST(HttpProtocol, DataReadWithoutADomHasTheDomsBitsForEveryNumberSpelling) {
+  serve::ModelConfig config = small_config();
+  config.input.dims = {1, 8, 8};
+  std::mt19937_64 rng(7);
+  std::vector<std::string> numbers{"0", "-0", "-0.0", "1", "-1", "1E5", "2.5e-3", "-7e+2", "4.9e-324", "1e-310",
+                                   "3.4028235e38", "1e39", "-1e39", "1e-50", "123456789012345678901234567890",
+                                   "0.1", "0.30000000000000004", "16777217", "3.1415926535897932384626"};
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  const char* formats[] = {"%.17g", "%.9g", "%.3e", "%.0f", "%g"};
+  while (numbers.size() < 4 * 64) {
+    char buf[64];
+    const double v = uniform(rng) * std::pow(10.0, static_cast<int>(rng() % 20) - 10);
+    std::snprintf(buf, sizeof(buf), formats[rng() % 5], v);
+    numbers.push_back(buf);
+  }
+  const char* spaces[] = {"", " ", "\n", "\t ", "\r\n  "};
+  auto space = [&] { return std::string(spaces[rng() % 5]); };
+  std::string flat = "[", nested = "[";
+  for (size_t i = 0; i < numbers.size(); ++i) {
+    flat += space() + numbers[i] + space() + (i + 1 < numbers.size() ? "," : "]");
+    if (i % 64 == 0) nested += space() + "[[";  // (4, 1, 8, 8): each sample [[row, ...]]
+    if (i % 8 == 0) nested += "[";
+    nested += space() + numbers[i] + space();
+    nested += i % 8 == 7 ? "]" : ",";
+    if (i % 64 == 63) nested += "]]" + space() + (i + 1 < numbers.size() ? "," : "]");
+    else if (i % 8 == 7) nested += ",";
+  }
+  for (const std::string& data : {flat, nested}) {
+    // data before the other fields, and a "data" key under parameters that is not the tensor's
+    const std::string body = R"({ "inputs" : [ { "data" :)" + data +
+                             R"(, "name":"input","shape":[4,1,8,8],"datatype":"FP32","parameters":{"data":[1]}}]})";
+    const std::vector<float> expected = dom_values(body);
+    ASSERT_EQ(expected.size(), numbers.size());
+    const auto r = serve::parse_infer_request(body, std::nullopt, config);
+    ASSERT_EQ(r.input.numel(), static_cast<int64_t>(expected.size()));
+    const float* got = r.input.data_ptr<float>();
+    for (size_t i = 0; i < expected.size(); ++i)
+      EXPECT_EQ(std::memcmp(got + i, &expected[i], sizeof(float)), 0)
+          << "number " << i << " '" << numbers[i] << "': read " << got[i] << ", the DOM gives " << expected[i];
+  }
 }
 
 std::string binary_body(const std::string& header, const std::vector<float>& values) {
@@ -103,6 +165,14 @@ TEST(HttpProtocol, EveryMalformedRequestIsA400NamingTheProblem) {
        "has shape [5, 1, 2, 2]"},
       {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3]}]}", std::nullopt, "has 3 values; shape [1, 1, 2, 2] needs 4"},
       {"{\"inputs\":[{" + ok_input + ",\"data\":[1,\"2\",3,4]}]}", std::nullopt, "data holds string"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,1e400]}]}", std::nullopt, "number overflow parsing '1e400'"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,+4]}]}", std::nullopt, "malformed JSON"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,04]}]}", std::nullopt, "malformed JSON"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,4.]}]}", std::nullopt, "malformed JSON"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,NaN]}]}", std::nullopt, "malformed JSON"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,4,]}]}", std::nullopt, "malformed JSON"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,4]]}]}", std::nullopt, "malformed JSON"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,4]}", std::nullopt, "malformed JSON"},
       {"{\"inputs\":[{" + ok_input + "}]}", std::nullopt, "neither \"data\" nor parameters.binary_data_size"},
       {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,4]}],\"outputs\":[{\"name\":\"probs\"}]}", std::nullopt,
        "unknown output \"probs\""},
