@@ -27,15 +27,21 @@ std::string StepGuard::verdict(const std::vector<torch::Tensor>& gradients) {
   return "";
 }
 
+// Note [Checking gradients for inf and NaN]
+// A sum in the tensor's own dtype is one pass without a temporary, and it is finite only if every
+// element is: NaN or inf anywhere makes it NaN or inf. The converse fails only by overflow (finite
+// elements whose sum exceeds fp32's range), so a non-finite sum is confirmed element by element
+// with aminmax (NaN propagates to both, inf to one). Summing in fp64 instead, as this did first,
+// converts the whole tensor: for mlp-wide's 7.4M parameters that was a 59 MB temporary and
+// ~13 ms of every step (perf: the top page-faulting kernel), where the fp32 sum takes ~0.4 ms.
 bool all_finite(const std::vector<torch::Tensor>& tensors) {
   torch::NoGradGuard no_grad;
-  torch::Tensor total;
   for (const auto& t : tensors) {
-    if (!t.defined()) continue;
-    torch::Tensor sum = t.sum(torch::kDouble);
-    total = total.defined() ? total.add_(sum) : sum;
+    if (!t.defined() || std::isfinite(t.sum().item<double>())) continue;
+    const auto [lo, hi] = torch::aminmax(t);
+    if (!std::isfinite(lo.item<double>()) || !std::isfinite(hi.item<double>())) return false;
   }
-  return !total.defined() || std::isfinite(total.item<double>());
+  return true;
 }
 
 }  // namespace lockstep::parallel

@@ -135,6 +135,10 @@ TEST(StepGuard, AllFiniteSeesNanAndInfButNotLargeFiniteValues) {
   EXPECT_TRUE(all_finite({torch::full({1000}, big), torch::ones({3})}));  // the fp32 sum would overflow
   EXPECT_FALSE(all_finite({torch::ones({4}), torch::tensor({1.0f, std::numeric_limits<float>::quiet_NaN()})}));
   EXPECT_FALSE(all_finite({torch::tensor({std::numeric_limits<float>::infinity()})}));
+  // an overflowing sum is checked element by element: a NaN or inf among large values is still seen
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(all_finite({torch::cat({torch::full({1000}, big), torch::tensor({nan})})}));
+  EXPECT_FALSE(all_finite({torch::cat({torch::full({1000}, -big), torch::tensor({-inf})})}));
   EXPECT_FALSE(all_finite({torch::tensor({std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()})}));
   EXPECT_TRUE(all_finite({torch::Tensor(), torch::zeros({2}, torch::kBFloat16)}));  // undefined: no gradient
 }

@@ -34,9 +34,8 @@ class StepGuard {
   c10::intrusive_ptr<c10d::Work> work_;
 };
 
-// Whether every element of every defined tensor is finite, with one host sync: each tensor is
-// summed in fp64 (fp32 values cannot overflow it), and NaN or Inf anywhere makes the total
-// non-finite.
+// Whether every element of every defined tensor is finite. See Note [Checking gradients for inf
+// and NaN].
 bool all_finite(const std::vector<torch::Tensor>& tensors);
 
 }  // namespace lockstep::parallel
