@@ -10,6 +10,9 @@
 #   scaling  = lockstep 2 ranks / lockstep 1 process (the same model, batch and thread count)
 # PROFILE=1 adds a lockstep single-process column with --profile (its overhead: 1 - prof/single).
 # BEFORE=path/to/an/older/lockstep adds that binary's 2-rank runs as a column (before/after a change).
+# BOUND=1 adds the ceiling this machine puts on scaling: two independent single processes (each with
+# half the samples, no communication) started together, their samples/s summed. 2 ranks can at best
+# reach it; bound / single is what sharing the cores' caches and memory bandwidth leaves of 2x.
 # Usage: bench/ddp_vs_peer.sh [RUNS=5] [CASES...]   (after make build; needs python3-torch)
 #   default cases: convnet:fp32:60000:100 convnet:bf16:60000:100 mlp-wide:fp32:12000:32 mlp-wide:bf16:12000:32
 set -euo pipefail
@@ -37,6 +40,7 @@ ours_run() {
   fi
 }
 
+tmp=$(mktemp); trap 'rm -f "$tmp" "$tmp".*' EXIT
 table="| model | precision | samples | batch/rank | lockstep 2 ranks | peer 2 ranks | vs peer | lockstep 1 proc | scaling | rank-0 RSS MiB (ours / peer) |"
 table+=$'\n'"|---|---|---|---|---|---|---|---|---|---|"
 extra=""
@@ -48,7 +52,7 @@ for c in "${cases[@]}"; do
     bf16) ours_amp=(--precision bf16); peer_amp=(--amp) ;;
     *) echo "case '$c': PRECISION must be fp32 or bf16, not '$precision'" >&2; exit 2 ;;
   esac
-  two=(); peer2=(); one=(); prof=(); before=(); rss=(); peer_rss=()
+  two=(); peer2=(); one=(); prof=(); before=(); rss=(); peer_rss=(); bound=()
   for ((i = 1; i <= runs; i++)); do
     if [[ -n ${BEFORE:-} ]]; then
       b=$(ours_run "$BEFORE" $ranks "$model" "$limit" "$batch" "${ours_amp[@]}"); echo "$c before   run $i: $b"
@@ -69,6 +73,13 @@ for c in "${cases[@]}"; do
       q=$(ours_run build/lockstep 1 "$model" "$limit" "$batch" "${ours_amp[@]}" --profile)
       echo "$c profiled run $i: $q"; prof+=("$(field samples_per_s <<<"$q")")
     fi
+    if [[ -n ${BOUND:-} ]]; then
+      ours_run build/lockstep 1 "$model" $((limit / 2)) "$batch" "${ours_amp[@]}" >"$tmp.a" &
+      ours_run build/lockstep 1 "$model" $((limit / 2)) "$batch" "${ours_amp[@]}" >"$tmp.b"
+      wait
+      u=$(awk -v a="$(field samples_per_s <"$tmp.a")" -v b="$(field samples_per_s <"$tmp.b")" 'BEGIN {print a + b}')
+      echo "$c 2 x independent run $i: $u samples/s"; bound+=("$u")
+    fi
   done
   m2=$(printf '%s\n' "${two[@]}" | median); mp=$(printf '%s\n' "${peer2[@]}" | median)
   m1=$(printf '%s\n' "${one[@]}" | median)
@@ -77,6 +88,10 @@ for c in "${cases[@]}"; do
   if [[ -n ${PROFILE:-} ]]; then
     mq=$(printf '%s\n' "${prof[@]}" | median)
     extra+="$c: single process $m1 samples/s, with --profile $mq: overhead $(awk -v a="$mq" -v b="$m1" 'BEGIN {printf "%.1f", 100 * (1 - a / b)}')%"$'\n'
+  fi
+  if [[ -n ${BOUND:-} ]]; then
+    mu=$(printf '%s\n' "${bound[@]}" | median)
+    extra+="$c: two independent processes $mu samples/s: bound/single $(ratio "$mu" "$m1")x, 2 ranks reach $(ratio "$m2" "$mu")x of it"$'\n'
   fi
   if [[ -n ${BEFORE:-} ]]; then
     mb=$(printf '%s\n' "${before[@]}" | median)
