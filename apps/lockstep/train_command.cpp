@@ -46,6 +46,47 @@ CLI::Option* add_enum_option(CLI::App* cmd, const std::string& flag, const std::
       ->default_str(default_name);
 }
 
+// "text:FILE" or one of data_source_names() but "text".
+void parse_data(const std::string& text, train::TrainOptions& o) {
+  if (text.rfind("text:", 0) == 0) {
+    o.data(train::DataSource::kText).text_file(text.substr(5));
+    return;
+  }
+  TORCH_CHECK_VALUE(text != "text", "--data text needs a file: --data text:FILE");
+  o.data(enum_from_name<train::DataSource>(train::data_source_names(), text, "--data"));
+}
+
+// --data fortunes / text:FILE: tokenizer, task, batching and embedding options.
+void add_text_options(CLI::App* cmd, const std::shared_ptr<train::TrainOptions>& o) {
+  auto* text = "Text (--model gpt-mini --data fortunes|text:FILE)";
+  add_enum_option<train::TextTask>(cmd, "--task", train::text_task_names(), [o](auto v) { o->task(v); },
+                                   "lm: next-token prediction, held-out perplexity; classify: the entry's category "
+                                   "(the fortune file)", "lm")
+      ->group(text);
+  cmd->add_option("--tokenizer", o->tokenizer(),
+                  "tokenizer.json to tokenise with (default: a BPE trained on the training split, saved beside the "
+                  "checkpoints)")
+      ->group(text);
+  cmd->add_option("--vocab-size", o->vocab_size(), "Vocabulary of the BPE trained without --tokenizer")
+      ->check(cli::positive_count())->group(text);
+  cmd->add_option("--add-tokens", o->add_tokens(), "Add these tokens (one per line) and resize the embeddings")
+      ->group(text);
+  cmd->add_option("--init-new-embeddings", o->init_new_embeddings(),
+                  "New embedding rows: zeros, mean, copy:<token> or mean-of:\"<text>\"")
+      ->group(text);
+  cmd->add_option("--max-tokens", o->max_tokens(),
+                  "Length-bucketed batches of at most N tokens per rank, padding counted (0: --batch-size sequences)")
+      ->check(cli::non_negative_count())->group(text);
+  cmd->add_option("--sort-size", o->sort_size(), "Sequences sorted by length together (0: 1024 x world size)")
+      ->check(cli::non_negative_count())->group(text);
+  cmd->add_option("--max-length", o->max_length(), "Tokens per sequence; longer entries are truncated (the context)")
+      ->check(cli::positive_count())->group(text);
+  cmd->add_option("--n-layer", o->n_layer(), "gpt-mini: transformer blocks")->check(cli::positive_count())->group(text);
+  cmd->add_option("--n-head", o->n_head(), "gpt-mini: attention heads (divide --n-embd)")
+      ->check(cli::positive_count())->group(text);
+  cmd->add_option("--n-embd", o->n_embd(), "gpt-mini: model width")->check(cli::positive_count())->group(text);
+}
+
 }  // namespace
 
 Command add_train_command(CLI::App& app) {
@@ -54,11 +95,15 @@ Command add_train_command(CLI::App& app) {
   auto o = std::make_shared<train::TrainOptions>();
   auto quiet = std::make_shared<bool>(false);
 
-  const auto& models = models::model_names();
+  std::vector<std::string> models = models::model_names();
+  for (const auto& name : models::text_model_names()) models.push_back(name);
   cmd->add_option("--model", o->model(), "Reference model: " + c10::Join(", ", models))
       ->check(CLI::IsMember(models));
-  add_enum_option<train::DataSource>(cmd, "--data", train::data_source_names(), [o](auto v) { o->data(v); },
-                                     "Dataset (synthetic: seeded random images)", "fashion-mnist");
+  cmd->add_option_function<std::string>("--data", [o](const std::string& v) { parse_data(v, *o); },
+                                        "Dataset: fashion-mnist, synthetic (seeded random images), fortunes "
+                                        "(/usr/share/games/fortunes) or text:FILE (one entry per line, or '%' "
+                                        "separators)")
+      ->default_str("fashion-mnist");
   add_enum_option<parallel::StrategyKind>(cmd, "--strategy", parallel::strategy_names(), [o](auto v) { o->strategy(v); },
                                           "How ranks hold and step the model", "ddp under a launcher, else local");
   cmd->add_option("--replicas", o->replicas(),
@@ -75,6 +120,7 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--epochs", o->epochs(), "Epochs to train")->check(cli::positive_count());
   cmd->add_option("--batch-size", o->batch_size(), "Samples per step, per process")
       ->check(cli::positive_count());
+  add_text_options(cmd, o);
   auto* opt = "Optimizer";
   add_enum_option<optim::OptimizerKind>(cmd, "--optimizer", optim::optimizer_names(), [o](auto v) { o->optimizer(v); },
                                         "Optimizer, with PyTorch's defaults", "sgd")

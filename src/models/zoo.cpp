@@ -18,6 +18,11 @@ const std::vector<std::string>& model_names() {
   return names;
 }
 
+const std::vector<std::string>& text_model_names() {
+  static const std::vector<std::string> names{"gpt-mini"};
+  return names;
+}
+
 std::vector<int64_t> input_shape(const std::string& name) {
   check_model_name(name);
   if (name == "resnet18") return {3, 32, 32};

@@ -2,6 +2,7 @@
 
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -26,7 +27,12 @@ const std::vector<std::string>& precision_names() {
 }
 
 const std::vector<std::string>& data_source_names() {
-  static const std::vector<std::string> names{"fashion-mnist", "synthetic"};
+  static const std::vector<std::string> names{"fashion-mnist", "synthetic", "fortunes", "text"};
+  return names;
+}
+
+const std::vector<std::string>& text_task_names() {
+  static const std::vector<std::string> names{"lm", "classify"};
   return names;
 }
 
@@ -82,13 +88,40 @@ c10::impl::GenericDict TrainOptions::run_settings(int64_t world_size) const {
   run.insert("opt_level", amp::to_string(o.resolved_opt_level()));
   run.insert("loss_scale", o.resolved_loss_scale());
   run.insert("optimizer", optim::to_string(o.optimizer()));
+  if (o.text()) {  // the batches of an epoch depend on these
+    run.insert("task", enum_name(text_task_names(), o.task()));
+    run.insert("max_tokens", o.max_tokens());
+    run.insert("sort_size", o.sort_size());
+    run.insert("max_length", o.max_length());
+    run.insert("n_layer", o.n_layer());
+    run.insert("n_head", o.n_head());
+    run.insert("n_embd", o.n_embd());
+  }
   return run;
 }
 
 
 void TrainOptions::validate() const {
-  models::check_model_name(model());
-  if (sync_bn() && !models::has_norm_layers(model())) {
+  const auto& text_models = models::text_model_names();
+  const bool text_model = std::count(text_models.begin(), text_models.end(), model()) > 0;
+  if (!text_model) models::check_model_name(model());
+  TORCH_CHECK_VALUE(text() == text_model, "--model ", model(), " and --data ",
+                    enum_name(data_source_names(), data()), " do not go together: gpt-mini trains on text (--data ",
+                    "fortunes or --data text:FILE), the other models on images (--data fashion-mnist or synthetic)");
+  TORCH_CHECK_VALUE(!text() || strategy() != parallel::StrategyKind::kPipeline, "--strategy pipeline cannot cut ",
+                    "gpt-mini: its token embedding is also its output layer, used by the first and the last stage; ",
+                    "train it with local, ddp, zero1 or zero2");
+  TORCH_CHECK_VALUE(data() != DataSource::kText || !text_file().empty(), "--data text needs a file: --data text:FILE");
+  TORCH_CHECK_VALUE(max_tokens() >= 0, "--max-tokens ", max_tokens(), " must be >= 0 (0: --batch-size sequences)");
+  TORCH_CHECK_VALUE(max_length() >= 2, "--max-length ", max_length(), " must be at least 2 tokens");
+  TORCH_CHECK_VALUE(max_tokens() == 0 || max_tokens() >= max_length(), "--max-tokens ", max_tokens(),
+                    " is smaller than one sequence of --max-length ", max_length(), " tokens: a batch of the longest "
+                    "sequence would not fit; raise --max-tokens to at least ", max_length(), " or lower --max-length");
+  TORCH_CHECK_VALUE(n_layer() >= 1 && n_head() >= 1 && n_embd() % std::max<int64_t>(n_head(), 1) == 0, "gpt-mini: --n-embd ",
+                    n_embd(), " must be a multiple of --n-head ", n_head(), " (each head takes n_embd / n_head "
+                    "features), and --n-layer ", n_layer(), " at least 1");
+  TORCH_CHECK_VALUE(sort_size() >= 0, "--sort-size ", sort_size(), " must be >= 0 (0: 1024 x world size)");
+  if (sync_bn() && (text_model || !models::has_norm_layers(model()))) {
     std::vector<std::string> with_bn;
     for (const auto& name : models::model_names())
       if (models::has_norm_layers(name)) with_bn.push_back(name);

@@ -20,6 +20,10 @@ std::string TrainResult::summary_json() const {
   j["samples_per_s"] = round_to(samples_per_s, 1);
   j["train_s"] = round_to(train_s, 3);
   j["test_acc"] = round_to(test_acc, 4);
+  if (!std::isnan(perplexity)) {
+    j["test_loss"] = round_to(test_loss, 6);
+    j["perplexity"] = round_to(perplexity, 3);
+  }
   j["final_loss"] = round_to(final_loss, 6);
   j["peak_rss_mib"] = round_to(peak_rss_mib, 1);
   j["param_bytes"] = param_bytes;
@@ -28,6 +32,7 @@ std::string TrainResult::summary_json() const {
   j["sent_bytes_per_step"] = sent_bytes_per_step;
   j["steps"] = steps;
   j["skipped_steps"] = skipped_steps;
+  for (const auto& [key, value] : figures) j[key] = round_to(value, 4);
   return j.dump();
 }
 

@@ -12,14 +12,12 @@
 #include "lockstep/core/names.h"
 #include "lockstep/core/process.h"
 #include "lockstep/core/world.h"
-#include "lockstep/data/distributed_sampler.h"
 #include "lockstep/log/progress.h"
 #include "lockstep/log/run_log.h"
 #include "lockstep/models/state_dict.h"
-#include "lockstep/models/zoo.h"
 #include "lockstep/parallel/checkpoint.h"
 #include "lockstep/train/checkpointer.h"
-#include "lockstep/train/evaluate.h"
+#include "lockstep/train/train_data.h"
 
 namespace lockstep::train {
 namespace {
@@ -81,22 +79,21 @@ class TrainingRun {
     result_.world_size = world_.world_size;
     result_.rank = world_.rank;
 
-    data_ = load_data(o);
+    data_ = make_train_data(o, group_.get());
     checkpointer_ = std::make_unique<Checkpointer>(
         CheckpointerOptions().dir(o.checkpoint_dir()).save_every(o.save_every()).keep_last(o.keep_last()).resume(o.resume()),
         o.run_settings(world_.world_size), group_.get());
 
     // The weights are final before the strategy converts, broadcasts or shards them.
-    auto model = models::make_model(o.model(), data_.train.num_classes, o.norm_layer(group_.get()));
+    auto model = data_->make_model(o, group_.get(), /*initial_weights=*/true);
     if (o.checkpoint_activations()) model->set_block_runner(parallel::checkpoint_block);
-    if (!o.init_weights().empty()) models::load_state_dict_file(*model, o.init_weights());
     const std::optional<Checkpoint> checkpoint = checkpointer_->load_resume(o.epochs());
     if (checkpoint)
       models::load_state_dict(*model, checkpoint->model, "checkpoint '" + checkpointer_->resumed_from() + "' model");
     model->train();
     auto strategy_options = o.strategy_options(group_.get(), &profiler_);
-    strategy_options.model_factory([&o, classes = data_.train.num_classes, group = group_.get()] {
-      return torch::nn::AnyModule(models::make_model(o.model(), classes, o.norm_layer(group)));
+    strategy_options.model_factory([&o, data = data_.get(), group = group_.get()] {
+      return torch::nn::AnyModule(data->make_model(o, group, /*initial_weights=*/false));
     });
     strategy_ = parallel::make_strategy(o.resolved_strategy(world_.world_size), torch::nn::AnyModule(model),
                                         std::move(strategy_options));
@@ -104,11 +101,11 @@ class TrainingRun {
     // Each replica of the model (a rank, or a pipeline's stages) reads its share of the data.
     const int64_t ranks_per_replica = strategy_->ranks_per_replica();
     replicas_ = world_.world_size / ranks_per_replica;
-    sampler_ = std::make_unique<data::DistributedSampler>(
-        data_.train.size(), data::DistributedSamplerOptions().num_replicas(replicas_).rank(world_.rank / ranks_per_replica)
-                                .seed(o.seed()));
-    const int64_t micro_batches = (sampler_->num_samples() + o.batch_size() - 1) / o.batch_size();
+    replica_ = world_.rank / ranks_per_replica;
+    // Text's bucketed epochs can differ in length; the schedule counts the first's.
+    const auto micro_batches = static_cast<int64_t>(data_->micro_batches(0, replicas_, replica_).size());
     schedule_ = std::make_unique<LrSchedule>(o.lr_schedule_options(replicas_, micro_batches));
+    if (leader_ && checkpointer_->enabled()) data_->save_beside_checkpoints(o.checkpoint_dir());
     if (leader_)
       log_ = log::RunLog(log::RunLogOptions().jsonl(o.log_jsonl()).append(!checkpointer_->resumed_from().empty())
                              .tensorboard(o.tensorboard()));
@@ -116,18 +113,20 @@ class TrainingRun {
   }
 
   TrainResult run() {
-    for (; pos_.epoch < o_.epochs(); pos_ = pos_.next_epoch()) {
-      sampler_->set_epoch(pos_.epoch);
-      train_epoch(sampler_->indices());
-    }
+    for (; pos_.epoch < o_.epochs(); pos_ = pos_.next_epoch())
+      train_epoch(data_->micro_batches(pos_.epoch, replicas_, replica_));
     if (result_.epochs.empty()) {  // resumed from a finished run: its model is evaluated and written as is
-      result_.test_acc = evaluate_model();
+      set_evaluation(result_, evaluate_model());
       result_.final_loss = NAN;
     } else {
       result_.samples_per_s = average(static_cast<double>(result_.samples) / result_.train_s);  // smooths rank jitter
-      result_.test_acc = result_.epochs.back().test_acc;
-      result_.final_loss = result_.epochs.back().train_loss;
+      const EpochResult& last = result_.epochs.back();
+      result_.test_acc = last.test_acc;
+      result_.test_loss = last.test_loss;
+      result_.perplexity = last.perplexity;
+      result_.final_loss = last.train_loss;
     }
+    for (const auto& [key, value] : data_->figures()) result_.figures.emplace_back(key, average(value));
     result_.steps = pos_.step;
     result_.skipped_steps = pos_.skipped_steps;
     report_memory(strategy_->memory());
@@ -148,27 +147,30 @@ class TrainingRun {
   }
 
  private:
-  // Trains on this rank's share of the epoch, `order` (num_samples), from pos_.micro_batch on.
-  void train_epoch(const torch::Tensor& order) {
-    const int64_t n = order.size(0), b = o_.batch_size(), k = o_.accum_steps();
-    const int64_t micro_batches = (n + b - 1) / b;
+  // Trains on this replica's micro-batches of the epoch (see Note [Training data]), from
+  // pos_.micro_batch on.
+  void train_epoch(const std::vector<std::vector<int64_t>>& batches) {
+    const auto micro_batches = static_cast<int64_t>(batches.size());
+    const int64_t k = o_.accum_steps();
+    std::vector<int64_t> before(micro_batches + 1, 0);  // samples in micro-batches [0, i)
+    for (int64_t i = 0; i < micro_batches; ++i) before[i + 1] = before[i] + static_cast<int64_t>(batches[i].size());
+    const int64_t n = before.back();
     const bool show = o_.progress() && leader_;
     log::Progress progress(std::cout, stdout_is_terminal(),
                            "epoch " + std::to_string(pos_.epoch + 1) + "/" + std::to_string(o_.epochs()), n);
-    const int64_t first = pos_.micro_batch;
+    const int64_t first = std::min(pos_.micro_batch, micro_batches);
     const auto t0 = Clock::now();
     while (pos_.micro_batch < micro_batches) {
       // Groups of k micro-batches start at multiples of k, so a resumed epoch steps where the
       // original did.
       const int64_t begin = pos_.micro_batch, end = std::min(begin + k, micro_batches);
-      const int64_t sample_end = std::min(end * b, n);
-      const double loss = step(order, begin, end, sample_end - begin * b);
+      const double loss = step(batches, begin, end);
       pos_.micro_batch = end;
       {
         auto phase = profiler_.scope(Phase::kLogging);
-        if (show) progress.update(sample_end, loss);
+        if (show) progress.update(before[end], loss);
         if (pos_.step % o_.log_every() == 0)
-          log_step(loss, static_cast<double>((sample_end - first * b) * replicas_) / seconds_since(t0));
+          log_step(loss, static_cast<double>((before[end] - before[first]) * replicas_) / seconds_since(t0));
       }
       profiler_.end_step();
       if (checkpointer_->due(pos_.step) && end < micro_batches) checkpointer_->save(pos_, *strategy_);
@@ -179,33 +181,56 @@ class TrainingRun {
     er.epoch = pos_.epoch + 1;
     er.train_s = seconds_since(t0);
     er.train_loss = average(pos_.epoch_steps > 0 ? pos_.epoch_loss_sum / static_cast<double>(pos_.epoch_steps) : NAN);
-    er.test_acc = evaluate_model();
+    set_evaluation(er, evaluate_model());
     result_.train_s += er.train_s;
-    result_.samples += (n - std::min(n, first * b)) * replicas_;  // every replica has n (padding)
+    result_.samples += (n - before[first]) * replicas_;  // every replica has n (padding)
     result_.epochs.push_back(er);
+    const bool lm = !std::isnan(er.perplexity);
     if (show) {
-      std::printf("epoch %lld/%lld done: train_loss %.4f test_acc %.4f (%.2f s)\n", static_cast<long long>(er.epoch),
-                  static_cast<long long>(o_.epochs()), er.train_loss, er.test_acc, er.train_s);
+      if (lm) {
+        std::printf("epoch %lld/%lld done: train_loss %.4f test_loss %.4f perplexity %.2f (%.2f s)\n",
+                    static_cast<long long>(er.epoch), static_cast<long long>(o_.epochs()), er.train_loss, er.test_loss,
+                    er.perplexity, er.train_s);
+      } else {
+        std::printf("epoch %lld/%lld done: train_loss %.4f test_acc %.4f (%.2f s)\n", static_cast<long long>(er.epoch),
+                    static_cast<long long>(o_.epochs()), er.train_loss, er.test_acc, er.train_s);
+      }
       std::fflush(stdout);
     }
-    log_.event({{"event", "epoch"}, {"epoch", er.epoch}, {"step", pos_.step}, {"train_loss", er.train_loss},
-                {"test_acc", er.test_acc}, {"train_s", er.train_s}});
-    log_.scalar("test/accuracy", er.test_acc, pos_.step);
+    nlohmann::ordered_json epoch{{"event", "epoch"}, {"epoch", er.epoch}, {"step", pos_.step}, {"train_loss", er.train_loss}};
+    if (lm) {
+      epoch["test_loss"] = er.test_loss;
+      epoch["perplexity"] = er.perplexity;
+    } else {
+      epoch["test_acc"] = er.test_acc;
+    }
+    epoch["train_s"] = er.train_s;
+    log_.event(epoch);
+    if (lm) {
+      log_.scalar("test/loss", er.test_loss, pos_.step);
+      log_.scalar("test/perplexity", er.perplexity, pos_.step);
+    } else {
+      log_.scalar("test/accuracy", er.test_acc, pos_.step);
+    }
     if (checkpointer_->enabled()) checkpointer_->save(pos_.next_epoch(), *strategy_);  // this epoch is done
   }
 
-  // One optimizer step over micro-batches [begin, end) of `order`, `samples` samples in all.
-  // Returns the step's loss: the mean over those samples, as one batch of that size would give.
-  double step(const torch::Tensor& order, int64_t begin, int64_t end, int64_t samples) {
-    const int64_t b = o_.batch_size();
+  // One optimizer step over micro-batches [begin, end) of `batches`. Returns the step's loss: the
+  // mean over its samples (text: target tokens), as one batch of them would give.
+  double step(const std::vector<std::vector<int64_t>>& batches, int64_t begin, int64_t end) {
     std::vector<parallel::MicroBatch> micro_batches;
     {
       auto phase = profiler_.scope(Phase::kData);
+      std::vector<int64_t> counts;
+      int64_t total = 0;
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t size = std::min(b, order.size(0) - i * b);
-        auto [x, y] = data_.train.batch(order.narrow(0, i * b, size));  // x (B, C, H, W), y (B)
-        micro_batches.push_back({x, y, static_cast<double>(size) / static_cast<double>(samples)});
+        auto [micro_batch, count] = data_->micro_batch(batches[i]);
+        micro_batches.push_back(std::move(micro_batch));
+        counts.push_back(count);
+        total += count;
       }
+      for (size_t i = 0; i < counts.size(); ++i)
+        micro_batches[i].weight = static_cast<double>(counts[i]) / static_cast<double>(total);
     }
     const int64_t sent_before = group_ ? group_->bytes_sent() : 0;
     const double loss = strategy_->forward_backward(micro_batches, loss_function());
@@ -225,13 +250,14 @@ class TrainingRun {
     return loss;
   }
 
-  // Cross-entropy; --inject-nan adds a NaN constant on its step and rank, which spoils the loss
-  // value but not the gradients: only the ranks' vote can then make the other ranks skip too.
+  // The data's cross-entropy; --inject-nan adds a NaN constant on its step and rank, which spoils
+  // the loss value but not the gradients: only the ranks' vote can then make the other ranks skip too.
   parallel::LossFunction loss_function() const {
+    const TrainData* data = data_.get();
     if (pos_.step != o_.inject_nan_step() || world_.rank != o_.inject_nan_rank())
-      return [](const torch::Tensor& out, const torch::Tensor& y) { return torch::nn::functional::cross_entropy(out, y); };
-    return [](const torch::Tensor& out, const torch::Tensor& y) {
-      return torch::nn::functional::cross_entropy(out, y) + std::numeric_limits<double>::quiet_NaN();
+      return [data](const torch::Tensor& out, const torch::Tensor& y) { return data->loss(out, y); };
+    return [data](const torch::Tensor& out, const torch::Tensor& y) {
+      return data->loss(out, y) + std::numeric_limits<double>::quiet_NaN();
     };
   }
 
@@ -281,9 +307,16 @@ class TrainingRun {
     std::fflush(stdout);
   }
 
-  double evaluate_model() {
-    return evaluate(strategy_->module(), [this](const torch::Tensor& x) { return strategy_->forward(x); },
-                    data_.test, group_.get());
+  Evaluation evaluate_model() {
+    return data_->evaluate(strategy_->module(), [this](const torch::Tensor& x) { return strategy_->forward(x); },
+                           group_.get());
+  }
+
+  template <typename Result>
+  static void set_evaluation(Result& r, const Evaluation& e) {
+    r.test_acc = e.accuracy;
+    r.test_loss = e.loss;
+    r.perplexity = e.perplexity;
   }
 
   // The mean of `value` over the ranks.
@@ -294,11 +327,11 @@ class TrainingRun {
   const bool leader_;
   StepProfiler profiler_;
   std::unique_ptr<dist::ProcessGroup> group_;
-  DataSplits data_;
-  std::unique_ptr<data::DistributedSampler> sampler_;
+  std::unique_ptr<TrainData> data_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<parallel::Strategy> strategy_;
   int64_t replicas_ = 1;  // data-parallel replicas: world size / strategy's ranks per replica
+  int64_t replica_ = 0;   // this rank's replica
   std::unique_ptr<LrSchedule> schedule_;
   log::RunLog log_;
   TrainingPosition pos_;

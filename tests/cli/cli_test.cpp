@@ -26,7 +26,9 @@ TEST(Cli, TrainHelpListsEveryOptionWithItsDefault) {
   auto r = run_command(kCli + " train --help");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* expected :
-       {"--model TEXT:{convnet,mlp,mlp-wide,resnet18}=convnet", "--data TEXT:{fashion-mnist,synthetic}=fashion-mnist",
+       {"--model TEXT:{convnet,mlp,mlp-wide,resnet18,gpt-mini}=convnet",
+        "--data TEXT=fashion-mnist   Dataset: fashion-mnist, synthetic (seeded random images), fortunes",
+        "or text:FILE", "--task TEXT:{lm,classify}=lm", "--max-tokens INT:NONNEGATIVE=0", "--max-length INT:POSITIVE=128",
         "--data-dir TEXT=/usr/share/datasets/fashion-mnist", "--limit INT:NONNEGATIVE=0",
         "--epochs INT:POSITIVE=1", "--batch-size INT:POSITIVE=100", "--lr FLOAT:NONNEGATIVE=0.02",
         "--momentum FLOAT:NONNEGATIVE=0.9", "--weight-decay FLOAT:NONNEGATIVE=0", "--seed UINT=0",

@@ -1,6 +1,7 @@
 #pragma once
 // Reads a text corpus into entries (one entry is one sequence to tokenize).
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -18,5 +19,19 @@ const std::vector<std::string>& text_corpus_format_names();  // lines, fortunes
 
 // Throws c10::Error naming the path when it cannot be read.
 std::vector<std::string> read_text_corpus(const std::string& path, TextCorpusFormat format);
+
+// A directory is fortunes; a file is fortunes when one of its lines is '%', lines otherwise.
+TextCorpusFormat detect_text_corpus_format(const std::string& path);
+
+// Entries with a category each: the name of the file they came from (a directory of fortune
+// files has one category per file, "art", "computers", ...; a single file has one).
+struct LabelledCorpus {
+  std::vector<std::string> entries;
+  std::vector<int64_t> labels;          // per entry, an index into categories
+  std::vector<std::string> categories;  // file names, in the order read
+};
+// read_text_corpus in the detected format, file by file. Throws c10::Error naming the path when it
+// holds no entry.
+LabelledCorpus read_labelled_corpus(const std::string& path);
 
 }  // namespace lockstep::data

@@ -20,8 +20,13 @@ namespace lockstep::train {
 // core/names.h).
 enum class Precision { kFp32, kBf16, kFp16 };
 const std::vector<std::string>& precision_names();  // fp32, bf16, fp16
-enum class DataSource { kFashionMnist, kSynthetic };
-const std::vector<std::string>& data_source_names();  // fashion-mnist, synthetic
+enum class DataSource { kFashionMnist, kSynthetic, kFortunes, kText };
+// fashion-mnist, synthetic, fortunes, text (the CLI spells the last text:FILE)
+const std::vector<std::string>& data_source_names();
+// What a text model learns from an entry: its next tokens, or its category.
+enum class TextTask { kLm, kClassify };
+const std::vector<std::string>& text_task_names();  // lm, classify
+constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 
 // Everything `lockstep train` can be told. SGD with momentum 0.9 and batch 100 per process as in the
 // Python peer (../shared/peer); lr 0.02 rather than the peer's 0.05, because with normalised inputs
@@ -31,6 +36,22 @@ struct TrainOptions {
   TORCH_ARG(DataSource, data) = DataSource::kFashionMnist;
   TORCH_ARG(std::string, data_dir) = data::kDefaultFashionMnistDir;
   TORCH_ARG(int64_t, limit) = 0;                         // first N training samples; 0: all
+
+  // Text (--data fortunes or text:FILE, --model gpt-mini); see Note [Text training].
+  TORCH_ARG(std::string, text_file) = "";                // text: a file (one entry per line, or '%'
+                                                         // separators) or a directory of fortune files
+  TORCH_ARG(TextTask, task) = TextTask::kLm;
+  TORCH_ARG(std::string, tokenizer) = "";                // tokenizer.json; "": a BPE trained on the training split
+  TORCH_ARG(int64_t, vocab_size) = 4000;                 // of that BPE
+  TORCH_ARG(std::string, add_tokens) = "";               // a file of tokens to add, one per line
+  TORCH_ARG(std::string, init_new_embeddings) = "mean";  // zeros | mean | copy:<token> | mean-of:"<text>"
+  TORCH_ARG(int64_t, max_tokens) = 0;                    // per batch and rank, padding counted; 0: --batch-size sequences
+  TORCH_ARG(int64_t, sort_size) = 0;                     // sequences sorted together; 0: 1024 x replicas
+  TORCH_ARG(int64_t, max_length) = 128;                  // tokens; longer sequences are truncated (the model's context)
+  // gpt-mini's size, by GPT2Config's names: blocks, attention heads, model width.
+  TORCH_ARG(int64_t, n_layer) = 4;
+  TORCH_ARG(int64_t, n_head) = 4;
+  TORCH_ARG(int64_t, n_embd) = 256;
   TORCH_ARG(int64_t, epochs) = 1;
   TORCH_ARG(int64_t, batch_size) = 100;                  // per process
   TORCH_ARG(uint64_t, seed) = 0;                         // model init and data order
@@ -134,6 +155,9 @@ struct TrainOptions {
   // precision, optimizer): model, data, limit, world_size, batch_size, accum_steps, seed,
   // precision, opt_level, loss_scale, optimizer.
   c10::impl::GenericDict run_settings(int64_t world_size) const;
+  bool text() const { return data() == DataSource::kFortunes || data() == DataSource::kText; }
+  // The text corpus: kFortunesDir or text_file().
+  std::string text_path() const { return data() == DataSource::kFortunes ? kFortunesDir : text_file(); }
 };
 
 struct DataSplits {

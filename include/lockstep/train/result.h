@@ -1,7 +1,9 @@
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lockstep::train {
@@ -9,7 +11,9 @@ namespace lockstep::train {
 struct EpochResult {
   int64_t epoch = 0;         // 1-based
   double train_loss = 0.0;   // mean over the epoch's steps
-  double test_acc = 0.0;     // fraction of the test split classified correctly
+  double test_acc = 0.0;     // fraction of the test split classified correctly (NaN: language model)
+  double test_loss = NAN;    // language model: mean next-token loss on the held-out split
+  double perplexity = NAN;   // exp(test_loss)
   double train_s = 0.0;      // training time, evaluation excluded
 };
 
@@ -21,6 +25,11 @@ struct TrainResult {
   double samples_per_s = 0.0;   // global: all ranks' samples per second
   double train_s = 0.0;         // all epochs' training time, evaluation excluded
   double test_acc = 0.0;        // after the last epoch
+  double test_loss = NAN;       // language model: after the last epoch
+  double perplexity = NAN;
+  // The data's own figures (text: padding_fraction, vocab_size, unigram_perplexity), averaged
+  // over the ranks; in the summary after the documented keys.
+  std::vector<std::pair<std::string, double>> figures;
   double final_loss = 0.0;      // mean training loss of the last epoch
   double peak_rss_mib = 0.0;
   int64_t steps = 0;            // optimizer steps since the start of training (a resumed run counts on)
@@ -35,7 +44,8 @@ struct TrainResult {
 
   // The one-line summary `lockstep train` prints last:
   // {"world_size":1,"samples_per_s":..,"train_s":..,"test_acc":..,"final_loss":..,"peak_rss_mib":..,
-  //  "param_bytes":..,"grad_bytes":..,"optim_bytes":..,"sent_bytes_per_step":..,"steps":..,"skipped_steps":..}
+  //  "param_bytes":..,"grad_bytes":..,"optim_bytes":..,"sent_bytes_per_step":..,"steps":..,"skipped_steps":..};
+  // a language model has "test_loss" and "perplexity" after "test_acc" (null), and figures come last.
   std::string summary_json() const;
 };
 

@@ -1,0 +1,138 @@
+// lockstep train on text (Note [Text training]), in one process.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../test_util.h"
+#include "lockstep/data/tokenizer.h"
+#include "lockstep/train/text_data.h"
+#include "lockstep/train/trainer.h"
+#include "text_corpus.h"
+
+namespace lockstep::train {
+namespace {
+
+using ::testing::HasSubstr;
+
+TrainOptions text_run(const std::string& corpus) {
+  return TrainOptions().model("gpt-mini").data(DataSource::kText).text_file(corpus).vocab_size(300).batch_size(16)
+      .max_length(32).n_layer(2).n_head(2).n_embd(64).optimizer(optim::OptimizerKind::kAdamW).lr(3e-3).seed(1).progress(false);
+}
+
+TEST(TextTrain, LanguageModelBeatsTheUnigramBaselineOnHeldOutText) {
+  testing::TempDir dir;
+  testing::write_grammar_corpus(dir / "corpus.txt", 400);
+  const TrainResult r = train(text_run(dir / "corpus.txt").epochs(2).max_tokens(512));
+  ASSERT_EQ(r.epochs.size(), 2u);
+  double unigram = NAN, padding = NAN;
+  for (const auto& [key, value] : r.figures) {
+    if (key == "unigram_perplexity") unigram = value;
+    if (key == "padding_fraction") padding = value;
+  }
+  EXPECT_GT(unigram, 5.0);
+  // The grammar leaves about 4-6 choices at a word, so the model ends far below the unigram.
+  EXPECT_LT(r.perplexity, 0.6 * unigram) << "perplexity " << r.perplexity << " unigram " << unigram;
+  EXPECT_NEAR(r.perplexity, std::exp(r.test_loss), 1e-6 * r.perplexity);
+  EXPECT_LT(r.epochs[1].test_loss, r.epochs[0].test_loss);
+  EXPECT_TRUE(std::isnan(r.test_acc));
+  EXPECT_GE(padding, 0.0);
+  EXPECT_LT(padding, 0.2);  // length-bucketed
+  EXPECT_THAT(r.summary_json(), HasSubstr("\"perplexity\":"));
+}
+
+TEST(TextTrain, ClassifiesFortunesByCategory) {
+  if (!std::filesystem::exists(kFortunesDir)) GTEST_SKIP() << "fortunes not installed (scripts/bootstrap)";
+  const TrainResult r = train(TrainOptions().model("gpt-mini").data(DataSource::kFortunes).task(TextTask::kClassify)
+                                  .limit(300).vocab_size(400).batch_size(16).max_length(32).n_layer(1).n_head(2)
+                                  .n_embd(32).progress(false));
+  EXPECT_GE(r.test_acc, 0.0);
+  EXPECT_LE(r.test_acc, 1.0);
+  EXPECT_TRUE(std::isnan(r.perplexity));
+  EXPECT_TRUE(std::isfinite(r.final_loss));
+}
+
+// Bucketed batches differ in size; a checkpoint's (epoch, micro-batch) still names the same
+// batches, so a resumed run ends where the uninterrupted one ends, bit for bit.
+TEST(TextTrain, ResumingMidEpochContinuesBitForBit) {
+  testing::TempDir dir;
+  testing::write_grammar_corpus(dir / "corpus.txt", 200);
+  const auto run = text_run(dir / "corpus.txt").epochs(2).max_tokens(256);
+  const TrainResult straight = train(TrainOptions(run).save_model(dir / "straight.pt"));
+  train(TrainOptions(run).checkpoint_dir(dir / "ckpt").save_every(5));
+  // About 15 batches per epoch: step 5 is inside the first, and the resumed run goes through the
+  // rest of it and all of the second.
+  const int64_t mid = 5;
+  ASSERT_GT(straight.steps, 2 * mid);
+  char name[64];
+  std::snprintf(name, sizeof name, "ckpt/step-%08lld.pt", static_cast<long long>(mid));
+  ASSERT_TRUE(std::filesystem::exists(dir / name)) << name;
+  EXPECT_TRUE(std::filesystem::exists(dir / "ckpt/tokenizer.json"));
+  const TrainResult resumed = train(TrainOptions(run).resume(dir / name).save_model(dir / "resumed.pt"));
+  ASSERT_EQ(static_cast<int64_t>(resumed.step_losses.size()), straight.steps - mid);
+  for (size_t i = 0; i < resumed.step_losses.size(); ++i)
+    EXPECT_EQ(resumed.step_losses[i], straight.step_losses[mid + i]) << "step " << mid + i + 1;
+  auto a = testing::saved_state(dir / "straight.pt"), b = testing::saved_state(dir / "resumed.pt");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+}
+
+// Added tokens grow the vocabulary of a trained model (old rows kept), and a checkpoint of the
+// larger model resumes with the tokenizer saved beside it.
+TEST(TextTrain, AddedTokensGrowTheModelAndItsCheckpointContinues) {
+  testing::TempDir dir;
+  testing::write_grammar_corpus(dir / "corpus.txt", 200);
+  {
+    std::ofstream(dir / "tokens.txt") << "<fox>\n<dog>\n";
+  }
+  const auto base = text_run(dir / "corpus.txt");
+  train(TrainOptions(base).checkpoint_dir(dir / "first").save_model(dir / "first.pt"));
+  const data::Tokenizer first = data::Tokenizer::load(dir / "first/tokenizer.json");
+  const auto grown = TrainOptions(base).tokenizer(dir / "first/tokenizer.json").init_weights(dir / "first.pt")
+                         .add_tokens(dir / "tokens.txt").init_new_embeddings("mean-of:\"the fox\"");
+  train(TrainOptions(grown).epochs(2).save_model(dir / "straight.pt"));
+  train(TrainOptions(grown).checkpoint_dir(dir / "second"));
+  const data::Tokenizer second = data::Tokenizer::load(dir / "second/tokenizer.json");
+  EXPECT_EQ(second.size(), first.size() + 2);
+  EXPECT_EQ(second.token_to_id("<dog>"), first.size() + 1);
+  // The resumed run gets its tokenizer from the checkpoint directory (no --tokenizer), with the
+  // added tokens already in it, and the 2-row-larger model loads.
+  const TrainResult resumed = train(TrainOptions(base).epochs(2)
+                                        .checkpoint_dir(dir / "second").resume("latest").save_model(dir / "resumed.pt"));
+  EXPECT_EQ(resumed.epochs.size(), 1u);
+  auto a = testing::saved_state(dir / "straight.pt"), b = testing::saved_state(dir / "resumed.pt");
+  ASSERT_EQ(a.front().first, "wte.weight");
+  EXPECT_EQ(a.front().second.size(0), first.size() + 2);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+}
+
+TEST(TextTrain, BadInputIsNamedWithTheFix) {
+  testing::TempDir dir;
+  { std::ofstream(dir / "empty.txt"); }
+  EXPECT_THAT(testing::error_message([&] { train(text_run(dir / "empty.txt")); }),
+              HasSubstr("holds no entries: it is empty"));
+  testing::write_grammar_corpus(dir / "corpus.txt", 100);
+  EXPECT_THAT(testing::error_message([&] { train(text_run(dir / "corpus.txt").vocab_size(100)); }),
+              HasSubstr("--vocab-size 100"));
+  {
+    std::ofstream(dir / "bad.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": ";
+  }
+  EXPECT_THAT(testing::error_message([&] { train(text_run(dir / "corpus.txt").tokenizer(dir / "bad.json")); }),
+              HasSubstr(dir / "bad.json"));
+  EXPECT_THAT(testing::error_message([&] { train(text_run(dir / "corpus.txt").max_tokens(16)); }),
+              HasSubstr("--max-tokens 16 is smaller than one sequence of --max-length 32 tokens"));
+  EXPECT_THAT(testing::error_message([&] { train(text_run(dir / "corpus.txt").model("mlp")); }),
+              HasSubstr("do not go together"));
+}
+
+TEST(TextTrain, UnigramPerplexityAndPaddingFractionFollowTheirDefinitions) {
+  // Train counts 3 x id 0, 1 x id 1 over a vocabulary of 4: p = (4, 2, 1, 1) / 8.
+  EXPECT_NEAR(unigram_perplexity({0, 0, 0, 1}, {0, 1}, 4), std::exp(-(std::log(0.5) + std::log(0.25)) / 2), 1e-12);
+  // Lengths 2, 4, 8 truncated at 6: batches {0, 1} (2 + 4 of 8) and {2} (6 of 6).
+  EXPECT_NEAR(padding_fraction({{0, 1}, {2}}, {2, 4, 8}, 6), 1.0 - 12.0 / 14.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace lockstep::train
