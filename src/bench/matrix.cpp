@@ -49,6 +49,11 @@ std::vector<BenchConfig> default_matrix(int64_t cores) {
   m.push_back(accum);
   m.push_back(ddp("ddp-syncbn", "ddp + SyncBN", {"--sync-bn"},
                   "BatchNorm statistics over the global batch: one more all-reduce per BatchNorm layer"));
+  BenchConfig fsdp = ddp("fsdp", "fsdp", {"--strategy", "fsdp"},
+                         "parameters, gradients and optimizer state sharded per block; each block all-gathered for "
+                         "its forward and again for its backward, gradients reduce-scattered: 3/2 of ddp's bytes");
+  fsdp.comm_gradients = false;  // not one all-reduce of the gradients: see the note
+  m.push_back(fsdp);
   return m;
 }
 
