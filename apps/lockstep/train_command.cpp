@@ -197,6 +197,15 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--split", o->split(), "Blocks per stage, e.g. 6,4 (default: balanced by parameter count)")
       ->delimiter(',')->group(pipe);
 
+  auto* fsdp = "FSDP (--strategy fsdp)";
+  cmd->add_option("--fsdp-min-params", o->fsdp_min_params(),
+                  "Join consecutive blocks into units of at least N parameters (0: one unit per block)")
+      ->check(cli::non_negative_count())->group(fsdp);
+  cmd->add_flag("--fsdp-no-reshard-after-forward", o->fsdp_keep_gathered(),
+                "Keep each unit's gathered parameters from its forward to its backward (one all-gather less per "
+                "unit, more memory)")
+      ->group(fsdp);
+
   auto* ckpt = "Checkpoints";
   cmd->add_option("--checkpoint-dir", o->checkpoint_dir(), "Write checkpoints (step-N.pt) here, at each epoch end")
       ->group(ckpt);

@@ -58,6 +58,9 @@ std::vector<BenchConfig> default_matrix(int64_t cores) {
                   "updated shards all-gathered"));
   m.push_back(ddp("zero2", "zero2", {"--strategy", "zero2"},
                   "ZeRO stage 2: gradients reduce-scattered too, so each rank keeps only its shard's gradients"));
+  m.push_back(ddp("fsdp", "fsdp", {"--strategy", "fsdp"},
+                  "parameters, gradients and optimizer state sharded per block; each block all-gathered for its "
+                  "forward and again for its backward, gradients reduce-scattered: 3/2 of ddp's bytes"));
   return m;
 }
 

@@ -6,19 +6,32 @@
 
 namespace lockstep::parallel {
 
+namespace {
+
+std::vector<std::pair<std::string, torch::Tensor>> named_parameters(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+}  // namespace
+
 FlatParameters::FlatParameters(torch::nn::Module& module, int64_t world_size, int64_t rank)
+    : FlatParameters(named_parameters(module), world_size, rank) {}
+
+FlatParameters::FlatParameters(const std::vector<std::pair<std::string, torch::Tensor>>& named, int64_t world_size,
+                               int64_t rank)
     : world_size_(world_size), rank_(rank) {
   TORCH_CHECK_VALUE(world_size >= 1 && rank >= 0 && rank < world_size, "FlatParameters: rank ", rank,
                     " is not in a group of ", world_size);
-  for (const auto& item : module.named_parameters()) {
-    const torch::Tensor& p = item.value();
+  for (const auto& [name, p] : named) {
     TORCH_CHECK_VALUE(p.scalar_type() == torch::kFloat && p.requires_grad(), "rank ", rank, ": parameter '",
-                      item.key(), "' is ", p.scalar_type(), (p.requires_grad() ? "" : " without requires_grad"),
+                      name, "' is ", p.scalar_type(), (p.requires_grad() ? "" : " without requires_grad"),
                       "; sharding needs fp32 parameters that all train (build the model in fp32, unfrozen)");
     offsets_.push_back(numel_);
     numel_ += p.numel();
     params_.push_back(p);
-    names_.push_back(item.key());
+    names_.push_back(name);
   }
   TORCH_CHECK_VALUE(numel_ > 0, "rank ", rank, ": the model has no parameters to shard");
   shard_numel_ = (numel_ + world_size - 1) / world_size;

@@ -4,6 +4,7 @@
 
 #include "lockstep/models/state_dict.h"
 #include "lockstep/optim/state_dict.h"
+#include "lockstep/parallel/micro_batch.h"
 
 namespace lockstep::parallel {
 namespace {
@@ -37,24 +38,8 @@ double LocalStrategy::forward_backward(const std::vector<MicroBatch>& micro_batc
 
 double LocalStrategy::run_micro_batch(const MicroBatch& micro_batch, const LossFunction& loss_fn,
                                       double loss_before, bool last) {
-  torch::Tensor out, loss;
-  {
-    auto phase = profiler_->scope(Phase::kForward);
-    auto autocast = amp_->autocast();
-    out = amp_->cast_output(replica_forward(amp_->cast_input(micro_batch.input)));
-  }
-  {
-    auto phase = profiler_->scope(Phase::kLoss);
-    auto autocast = amp_->autocast();
-    loss = loss_fn(out, micro_batch.target) * micro_batch.weight;
-  }
-  const double value = loss.item<double>();
-  if (last) guard_.start_vote(loss_before + value);  // travels while the last backward runs
-  {
-    auto phase = profiler_->scope(Phase::kBackward);
-    amp_->scale_loss(loss).backward();
-  }
-  return value;
+  return parallel::run_micro_batch(micro_batch, loss_fn, [this](const torch::Tensor& x) { return replica_forward(x); },
+                                   *amp_, *profiler_, guard_, loss_before, last);
 }
 
 StepDecision LocalStrategy::step() {

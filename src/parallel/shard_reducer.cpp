@@ -13,11 +13,12 @@ namespace lockstep::parallel {
 using torch::autograd::variable_list;
 
 ShardReducer::ShardReducer(const FlatParameters& flat, torch::Tensor grad_shard, dist::ProcessGroup& group,
-                           int64_t bucket_cap_bytes)
+                           int64_t bucket_cap_bytes, std::function<void()> reduced)
     : flat_(flat),
       grad_shard_(std::move(grad_shard)),
       group_(group),
-      world_(torch::scalar_tensor(static_cast<double>(group.size()), torch::kFloat)) {
+      world_(torch::scalar_tensor(static_cast<double>(group.size()), torch::kFloat)),
+      reduced_(std::move(reduced)) {
   TORCH_CHECK_VALUE(bucket_cap_bytes > 0, "the gradient bucket cap must be positive, got ", bucket_cap_bytes, " bytes");
   const auto& params = flat_.params();
   const int64_t n = static_cast<int64_t>(params.size());
@@ -92,7 +93,7 @@ void ShardReducer::launch_ready_buckets() {
     if (counts[rank] > 0)
       grad_shard_.narrow(0, std::max(b.begin, shard_begin) - shard_begin, counts[rank]).add_(reduced);
     b.staging = torch::Tensor();
-    ++next_bucket_;
+    if (++next_bucket_ == buckets_.size() && reduced_) reduced_();
   }
 }
 

@@ -40,102 +40,156 @@ GenericDict single_group(const IValue& groups_value, c10::List<int64_t> params, 
   return group;
 }
 
+int64_t parameter_count(const std::vector<const FlatParameters*>& flats) {
+  int64_t count = 0;
+  for (const FlatParameters* flat : flats) count += static_cast<int64_t>(flat->params().size());
+  return count;
+}
+
+c10::List<int64_t> numbers(int64_t count) {
+  c10::List<int64_t> out;
+  for (int64_t i = 0; i < count; ++i) out.push_back(i);
+  return out;
+}
+
+// A flat state tensor (a moment) is (S) like its shard; anything else (Adam's step) is a scalar
+// equal on every rank.
+bool is_flat_state(const torch::Tensor& t, const FlatParameters& flat) {
+  return t.dim() == 1 && t.size(0) == flat.shard_numel();
+}
+
 }  // namespace
 
 // See Note [Consolidated optimizer state].
-IValue consolidated_optimizer_state_dict(const torch::optim::Optimizer& shard_optimizer, const FlatParameters& flat,
-                                         dist::ProcessGroup& group) {
+IValue consolidated_optimizer_state_dict(const torch::optim::Optimizer& shard_optimizer,
+                                         const std::vector<const FlatParameters*>& flats, dist::ProcessGroup& group) {
   const GenericDict mine = optim::optimizer_state_dict(shard_optimizer).toGenericDict();
-  const int64_t count = static_cast<int64_t>(flat.params().size());
-  c10::List<int64_t> params;
-  for (int64_t i = 0; i < count; ++i) params.push_back(i);
-
-  std::vector<TensorDict> per_param(count);
+  const int64_t count = parameter_count(flats);
   const auto state = mine.at("state").toGenericDict();
-  if (!state.empty()) {
-    for (const auto& item : state.begin()->value().toGenericDict()) {
-      const std::string& key = item.key().toStringRef();
-      const torch::Tensor t = item.value().toTensor();
-      if (t.sizes() != flat.shard().sizes()) {  // a scalar such as Adam's step: equal on every rank
-        for (auto& d : per_param) d.insert(key, t.clone());
-        continue;
-      }
-      torch::Tensor full = torch::empty({flat.padded_numel()}, t.options());
-      group.all_gather_into(full, t);
-      const std::vector<torch::Tensor> pieces = flat.unflatten(full);
-      for (int64_t i = 0; i < count; ++i) per_param[i].insert(key, pieces[i]);
-    }
-  }
   c10::Dict<int64_t, TensorDict> out_state;
-  for (int64_t i = 0; i < count && !state.empty(); ++i) out_state.insert(i, per_param[i]);
+  int64_t first = 0;  // model index of the current flat's first parameter
+  for (size_t k = 0; k < flats.size(); ++k) {
+    const FlatParameters& flat = *flats[k];
+    const int64_t n = static_cast<int64_t>(flat.params().size());
+    auto it = state.find(static_cast<int64_t>(k));
+    if (it != state.end()) {
+      std::vector<TensorDict> per_param(n);
+      for (const auto& item : it->value().toGenericDict()) {
+        const std::string& key = item.key().toStringRef();
+        const torch::Tensor t = item.value().toTensor();
+        if (!is_flat_state(t, flat)) {
+          for (auto& d : per_param) d.insert(key, t.clone());
+          continue;
+        }
+        torch::Tensor full = torch::empty({flat.padded_numel()}, t.options());
+        group.all_gather_into(full, t);
+        const std::vector<torch::Tensor> pieces = flat.unflatten(full);
+        for (int64_t i = 0; i < n; ++i) per_param[i].insert(key, pieces[i]);
+      }
+      for (int64_t i = 0; i < n; ++i) out_state.insert(first + i, per_param[i]);
+    }
+    first += n;
+  }
   c10::impl::GenericList groups(c10::DictType::create(c10::StringType::get(), c10::AnyType::get()));
-  groups.push_back(single_group(mine.at("param_groups"), params, "the shard optimizer's state"));
+  groups.push_back(single_group(mine.at("param_groups"), numbers(count), "the shard optimizer's state"));
   GenericDict out = string_dict();
   out.insert("state", out_state);
   out.insert("param_groups", groups);
   return out;
 }
 
+namespace {
+
+// The state of flat `flat`'s shard from the per-parameter dicts of its parameters.
+GenericDict shard_state_entry(const FlatParameters& flat, const std::vector<GenericDict>& per_param,
+                              const std::string& where) {
+  GenericDict shard_entry = string_dict();
+  const int64_t count = static_cast<int64_t>(per_param.size());
+  for (const auto& item : per_param[0]) {
+    const std::string& key = item.key().toStringRef();
+    bool shaped = true;  // shaped like its parameter, for every parameter
+    for (int64_t i = 0; i < count && shaped; ++i) {
+      const auto it = per_param[i].find(key);
+      shaped = it != per_param[i].end() && it->value().isTensor() &&
+               it->value().toTensor().sizes() == flat.params()[i].sizes();
+    }
+    if (!shaped) {  // a scalar (Adam's step): the same for every parameter, as they all step together
+      shard_entry.insert(key, item.value());
+      continue;
+    }
+    std::vector<torch::Tensor> tensors;
+    for (int64_t i = 0; i < count; ++i) {
+      const IValue v = entry(per_param[i], key, where + " of parameter '" + flat.names()[i] + "'");
+      TORCH_CHECK(v.isTensor(), where, " of parameter '", flat.names()[i], "': '", key, "' must be a tensor, got ",
+                  v.tagKind());
+      tensors.push_back(v.toTensor().to(torch::kFloat));
+    }
+    const torch::Tensor full = flat.flatten(tensors, where + " '" + key + "'");
+    shard_entry.insert(key, full.narrow(0, flat.shard_begin(flat.rank()), flat.shard_numel()).clone());
+  }
+  return shard_entry;
+}
+
+}  // namespace
+
 // See Note [Consolidated optimizer state].
-void load_sharded_optimizer_state_dict(torch::optim::Optimizer& shard_optimizer, const FlatParameters& flat,
-                                       const IValue& value, const std::string& source) {
+void load_sharded_optimizer_state_dict(torch::optim::Optimizer& shard_optimizer,
+                                       const std::vector<const FlatParameters*>& flats, const IValue& value,
+                                       const std::string& source) {
   const std::string where = source + " optimizer state";
   const GenericDict dict = as_dict(value, where);
-  const int64_t count = static_cast<int64_t>(flat.params().size());
-  const GenericDict group = single_group(entry(dict, "param_groups", where), c10::List<int64_t>({0}), where);
+  const int64_t count = parameter_count(flats);
+  const GenericDict group = single_group(entry(dict, "param_groups", where),
+                                         numbers(static_cast<int64_t>(flats.size())), where);
   const auto listed = entry(as_dict(entry(dict, "param_groups", where).toListRef()[0], where), "params", where);
   TORCH_CHECK(listed.isList() && static_cast<int64_t>(listed.toListRef().size()) == count, where, " lists ",
               listed.isList() ? std::to_string(listed.toListRef().size()) : listed.tagKind(),
               " parameters but the model has ", count, " (was it saved from a different model?)");
   // The saved numbers name the parameters in order (Note [Optimizer state layout]).
-  std::vector<int64_t> numbers;
+  std::vector<int64_t> saved_numbers;
   for (const IValue& n : listed.toListRef()) {
     TORCH_CHECK(n.isInt(), where, ": 'params' must hold ints, got ", n.tagKind());
-    numbers.push_back(n.toInt());
+    saved_numbers.push_back(n.toInt());
   }
   const GenericDict saved_state = as_dict(entry(dict, "state", where), where + " 'state'");
 
-  GenericDict shard_entry = string_dict();
-  if (!saved_state.empty()) {
-    std::vector<GenericDict> per_param;
-    for (int64_t i = 0; i < count; ++i) {
-      auto it = saved_state.find(numbers[i]);
-      TORCH_CHECK(it != saved_state.end(), where, " has state for ", saved_state.size(), " of ", count,
-                  " parameters, none for parameter ", i, " ('", flat.names()[i],
-                  "'): a sharded optimizer needs all or none (was a parameter unused?)");
-      per_param.push_back(as_dict(it->value(), where + " of parameter " + std::to_string(i)));
-    }
-    for (const auto& item : per_param[0]) {
-      const std::string& key = item.key().toStringRef();
-      const IValue& first = item.value();
-      bool shaped = true;  // shaped like its parameter, for every parameter
-      for (int64_t i = 0; i < count && shaped; ++i) {
-        const auto it = per_param[i].find(key);
-        shaped = it != per_param[i].end() && it->value().isTensor() &&
-                 it->value().toTensor().sizes() == flat.params()[i].sizes();
-      }
-      if (!shaped) {  // a scalar (Adam's step): the same for every parameter, as they all step together
-        shard_entry.insert(key, first);
-        continue;
-      }
-      std::vector<torch::Tensor> tensors;
-      for (int64_t i = 0; i < count; ++i) {
-        const IValue v = entry(per_param[i], key, where + " of parameter " + std::to_string(i));
-        TORCH_CHECK(v.isTensor(), where, " of parameter ", i, ": '", key, "' must be a tensor, got ", v.tagKind());
-        tensors.push_back(v.toTensor().to(torch::kFloat));
-      }
-      const torch::Tensor full = flat.flatten(tensors, where + " '" + key + "'");
-      shard_entry.insert(key, full.narrow(0, flat.shard_begin(flat.rank()), flat.shard_numel()).clone());
-    }
-  }
   GenericDict shard_state(c10::IntType::get(), c10::AnyType::get());
-  if (!saved_state.empty()) shard_state.insert(0, shard_entry);
+  int64_t first = 0;
+  for (size_t k = 0; k < flats.size() && !saved_state.empty(); ++k) {
+    const FlatParameters& flat = *flats[k];
+    std::vector<GenericDict> per_param;
+    for (size_t i = 0; i < flat.params().size(); ++i) {
+      auto it = saved_state.find(saved_numbers[first + i]);
+      TORCH_CHECK(it != saved_state.end(), where, " has state for ", saved_state.size(), " of ", count,
+                  " parameters, none for parameter ", first + i, " ('", flat.names()[i],
+                  "'): a sharded optimizer needs all or none (was a parameter unused?)");
+      per_param.push_back(as_dict(it->value(), where + " of parameter " + std::to_string(first + i)));
+    }
+    shard_state.insert(static_cast<int64_t>(k), shard_state_entry(flat, per_param, where));
+    first += static_cast<int64_t>(flat.params().size());
+  }
   c10::impl::GenericList groups(c10::DictType::create(c10::StringType::get(), c10::AnyType::get()));
   groups.push_back(group);
   GenericDict shard_dict = string_dict();
   shard_dict.insert("state", shard_state);
   shard_dict.insert("param_groups", groups);
   optim::load_optimizer_state_dict(shard_optimizer, shard_dict, source);
+}
+
+GenericDict sharded_training_state_dict(const torch::optim::Optimizer& shard_optimizer,
+                                        const std::vector<const FlatParameters*>& flats, dist::ProcessGroup& group,
+                                        const amp::GradScaler& scaler) {
+  GenericDict state = string_dict();
+  state.insert("optimizer", consolidated_optimizer_state_dict(shard_optimizer, flats, group));
+  state.insert("scaler", scaler.state_dict());
+  return state;
+}
+
+void load_sharded_training_state_dict(torch::optim::Optimizer& shard_optimizer,
+                                      const std::vector<const FlatParameters*>& flats, amp::GradScaler& scaler,
+                                      const GenericDict& state, const std::string& source) {
+  load_sharded_optimizer_state_dict(shard_optimizer, flats, entry(state, "optimizer", source), source);
+  if (scaler.is_enabled()) scaler.load_state_dict(entry(state, "scaler", source).toGenericDict());
 }
 
 }  // namespace lockstep::parallel

@@ -5,6 +5,7 @@
 #include "lockstep/core/names.h"
 #include "lockstep/parallel/ddp_strategy.h"
 #include "lockstep/parallel/dp_strategy.h"
+#include "lockstep/parallel/fsdp_strategy.h"
 #include "lockstep/parallel/local_strategy.h"
 #include "lockstep/parallel/pipeline_strategy.h"
 #include "lockstep/parallel/zero_strategy.h"
@@ -12,7 +13,7 @@
 namespace lockstep::parallel {
 
 const std::vector<std::string>& strategy_names() {
-  static const std::vector<std::string> names{"local", "ddp", "dp", "zero1", "zero2", "pipeline"};
+  static const std::vector<std::string> names{"local", "ddp", "dp", "zero1", "zero2", "fsdp", "pipeline"};
   return names;
 }
 
@@ -48,6 +49,8 @@ std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule 
       return std::make_unique<ZeroStrategy>(std::move(model), std::move(options), ZeroOptions().stage(1));
     case StrategyKind::kZero2:
       return std::make_unique<ZeroStrategy>(std::move(model), std::move(options), ZeroOptions().stage(2));
+    case StrategyKind::kFsdp:
+      return std::make_unique<FsdpStrategy>(std::move(model), std::move(options));
     case StrategyKind::kPipeline:
       return std::make_unique<PipelineStrategy>(std::move(model), std::move(options));
   }

@@ -7,7 +7,9 @@
 #include "lockstep/models/state_dict.h"
 #include "lockstep/optim/state_dict.h"
 #include "lockstep/parallel/distributed_data_parallel.h"
+#include "lockstep/parallel/micro_batch.h"
 #include "lockstep/parallel/shard_state_dict.h"
+#include "lockstep/parallel/shard_step.h"
 
 namespace lockstep::parallel {
 namespace {
@@ -19,17 +21,9 @@ dist::ProcessGroup& required_group(const StrategyOptions& options, const ZeroOpt
   TORCH_CHECK_VALUE(zero.stage() == 1 || zero.stage() == 2, "ZeroOptions().stage(", zero.stage(),
                     ") is not a ZeRO stage this strategy runs: 1 (optimizer state) or 2 (and gradients); "
                     "stage 3 is FSDP");
-  TORCH_CHECK_VALUE(options.group() != nullptr, "the ", name,
-                    " strategy shards the optimizer state across ranks and needs a process group: "
-                    "StrategyOptions().group(...), or run under a launcher (lockstep run --nproc-per-node N); "
-                    "one process trains with the local strategy");
-  const amp::OptLevel level = options.opt_level();
-  TORCH_CHECK_VALUE(level == amp::OptLevel::kO0 || level == amp::OptLevel::kO1, "rank ", options.group()->rank(),
-                    ": the ", name, " strategy trains at O0 (fp32) and O1 (autocast), not ", amp::to_string(level),
-                    ": use --opt-level O1, or the ddp strategy for O2 and O3");
   TORCH_CHECK_VALUE(zero.bucket_cap_mb() > 0 && std::isfinite(zero.bucket_cap_mb()), "bucket_cap_mb=",
                     zero.bucket_cap_mb(), " must be positive");
-  return *options.group();
+  return sharding_group(options, name, "the optimizer state");
 }
 
 }  // namespace
@@ -75,27 +69,10 @@ double ZeroStrategy::forward_backward(const std::vector<MicroBatch>& micro_batch
   TORCH_CHECK_VALUE(!micro_batches.empty(), name(), ": a step needs at least one micro-batch");
   (zero_.stage() == 1 ? flat_grad_ : grad_shard_).zero_();
   double total = 0.0;
-  for (size_t i = 0; i < micro_batches.size(); ++i) {
-    const MicroBatch& micro_batch = micro_batches[i];
-    torch::Tensor out, loss;
-    {
-      auto phase = profiler_->scope(Phase::kForward);
-      auto autocast = amp_->autocast();
-      out = amp_->cast_output(model_.forward(amp_->cast_input(micro_batch.input)));
-    }
-    {
-      auto phase = profiler_->scope(Phase::kLoss);
-      auto autocast = amp_->autocast();
-      loss = loss_fn(out, micro_batch.target) * micro_batch.weight;
-    }
-    const double value = loss.item<double>();
-    if (i + 1 == micro_batches.size()) guard_.start_vote(total + value);  // travels while the last backward runs
-    {
-      auto phase = profiler_->scope(Phase::kBackward);  // stage 2 reduce-scatters in here
-      amp_->scale_loss(loss).backward();
-    }
-    total += value;
-  }
+  auto forward = [this](const torch::Tensor& x) { return model_.forward(x); };  // stage 2 reduces in backward
+  for (size_t i = 0; i < micro_batches.size(); ++i)
+    total += run_micro_batch(micro_batches[i], loss_fn, forward, *amp_, *profiler_, guard_, total,
+                             i + 1 == micro_batches.size());
   if (zero_.stage() == 1) {
     auto phase = profiler_->scope(Phase::kSync);
     torch::NoGradGuard no_grad;
@@ -105,55 +82,10 @@ double ZeroStrategy::forward_backward(const std::vector<MicroBatch>& micro_batch
   return total;
 }
 
-// Each rank's squared shard norm in its slot, summed over ranks by one all-reduce: (N) fp64. The
-// norms are fp32, as clip_grad_norm_ computes them; a non-finite slot names the rank whose shard
-// holds the non-finite gradient.
-torch::Tensor ZeroStrategy::squared_shard_norms() {
-  torch::Tensor squares = torch::zeros({group_.size()}, torch::kDouble);
-  squares[group_.rank()] = std::pow(grad_shard_.norm().item<double>(), 2);
-  group_.all_reduce(squares);
-  return squares;
-}
-
 StepDecision ZeroStrategy::step() {
   auto phase = profiler_->scope(Phase::kOptimizer);
-  StepDecision d;
-  d.skip_reason = guard_.verdict({});  // the losses; the gradient is checked over every shard below
-  if (!d.skip_reason.empty()) return d;
-  const bool scaling = amp_->grad_scaler().is_enabled();  // the scaler checks the shards itself
-  double norm = NAN;  // of the whole model's gradient
-  if (!scaling) {
-    const torch::Tensor squares = squared_shard_norms();
-    std::string ranks;
-    for (int64_t r = 0; r < group_.size(); ++r)
-      if (!std::isfinite(squares[r].item<double>())) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    if (!ranks.empty()) {
-      d.skip_reason = "non-finite gradient (averaged over ranks) in the shard of rank " + ranks;
-      return d;
-    }
-    norm = std::sqrt(squares.sum().item<double>());
-  }
-  if (options_.clip_value() > 0 || options_.clip_norm() > 0) {
-    torch::NoGradGuard no_grad;
-    amp_->unscale_();  // clip true gradients
-    if (options_.clip_value() > 0) grad_shard_.clamp_(-options_.clip_value(), options_.clip_value());
-    if (options_.clip_norm() > 0) {
-      if (scaling || options_.clip_value() > 0) norm = std::sqrt(squared_shard_norms().sum().item<double>());
-      // As torch.nn.utils.clip_grad_norm_, over the whole model's gradient.
-      const double coefficient = options_.clip_norm() / (norm + 1e-6);
-      if (coefficient < 1.0) grad_shard_.mul_(coefficient);
-    }
-  }
-  d.stepped = amp_->step();
-  if (options_.fixed_loss_scale()) {
-    amp_->grad_scaler().update(options_.loss_scale()->init_scale());
-  } else {
-    amp_->update();
-  }
-  if (!d.stepped) {
-    d.skip_reason = "non-finite gradient (loss scale overflow)";
-    return d;
-  }
+  const StepDecision d = step_shards(guard_, *amp_, group_, options_, {grad_shard_});
+  if (!d.stepped) return d;
   torch::NoGradGuard no_grad;
   torch::Tensor flat = flat_->flat();
   group_.all_gather_into(flat, flat_->shard());  // every rank's updated shard into every rank's weights
@@ -176,20 +108,11 @@ c10::Dict<std::string, torch::Tensor> ZeroStrategy::model_state_dict() {
 }
 
 c10::impl::GenericDict ZeroStrategy::training_state_dict() {
-  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
-  state.insert("optimizer", consolidated_optimizer_state_dict(*optimizer_, *flat_, group_));
-  state.insert("scaler", amp_->grad_scaler().state_dict());
-  return state;
+  return sharded_training_state_dict(*optimizer_, {flat_.get()}, group_, amp_->grad_scaler());
 }
 
 void ZeroStrategy::load_training_state_dict(const c10::impl::GenericDict& state, const std::string& source) {
-  auto entry = [&](const char* key) {
-    auto it = state.find(key);
-    TORCH_CHECK(it != state.end(), source, " has no '", key, "' state");
-    return it->value();
-  };
-  load_sharded_optimizer_state_dict(*optimizer_, *flat_, entry("optimizer"), source);
-  if (amp_->grad_scaler().is_enabled()) amp_->grad_scaler().load_state_dict(entry("scaler").toGenericDict());
+  load_sharded_training_state_dict(*optimizer_, {flat_.get()}, amp_->grad_scaler(), state, source);
 }
 
 MemoryReport ZeroStrategy::memory() const {

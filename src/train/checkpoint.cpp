@@ -127,6 +127,7 @@ void check_same_run(const Checkpoint& c, const GenericDict& run, const std::stri
   std::string differences;
   for (const auto& item : run) {
     const std::string& key = item.key().toStringRef();
+    if (key == "world_size" || key == "batch_size") continue;  // see Note [Resuming on another world size]
     auto it = c.run.find(key);
     std::ostringstream d;
     if (it == c.run.end()) {
@@ -141,6 +142,36 @@ void check_same_run(const Checkpoint& c, const GenericDict& run, const std::stri
   TORCH_CHECK_VALUE(differences.empty(), "cannot resume from '", path, "': it was written by a different run: ",
                     differences, ". Resume with the same settings, or start afresh from its model weights with ",
                     "--init-weights '", path, "' in place of --resume, and an empty --checkpoint-dir");
+}
+
+// See Note [Resuming on another world size].
+std::string adapt_position(Checkpoint& c, const GenericDict& run, const std::string& path) {
+  auto setting = [&](const GenericDict& settings, const char* key, const char* where) {
+    auto it = settings.find(key);
+    TORCH_CHECK(it != settings.end() && it->value().isInt(), where, " has no integer '", key, "' setting");
+    return it->value().toInt();
+  };
+  const std::string source = "checkpoint '" + path + "'";
+  const int64_t world = setting(c.run, "world_size", source.c_str()), batch = setting(c.run, "batch_size", source.c_str());
+  const int64_t new_world = setting(run, "world_size", "this run"), new_batch = setting(run, "batch_size", "this run");
+  const int64_t accum = setting(run, "accum_steps", "this run");
+  if (world == new_world && batch == new_batch) return "";
+  const int64_t consumed = c.position.micro_batch * batch * world;  // samples of the epoch, all ranks
+  const int64_t per_step = new_batch * new_world * accum;
+  c.position.micro_batch = consumed / per_step * accum;
+  const int64_t repeated = consumed - c.position.micro_batch * new_batch * new_world;
+  std::ostringstream notice;
+  notice << source << " was written by " << world << " rank(s) of batch " << batch << " (" << world * batch
+         << " samples per micro-batch); this run has " << new_world << " of batch " << new_batch << " ("
+         << new_world * new_batch << "). ";
+  if (world * batch == new_world * new_batch) {
+    notice << "The global batch is the same, so every later step holds the samples it held in the original run";
+  } else {
+    notice << "The data order differs from here on: steps hold a different number of samples, the learning-rate "
+              "schedule counts these steps, and the run does not reproduce the original one";
+  }
+  if (repeated > 0) notice << "; " << repeated << " samples of this epoch are seen a second time (resuming at a step boundary)";
+  return notice.str();
 }
 
 std::string checkpoint_path(const std::string& dir, int64_t step) {

@@ -44,6 +44,8 @@ std::optional<Checkpoint> Checkpointer::load_resume(int64_t epochs) {
     c = load_checkpoint(path);
   }
   check_same_run(*c, run_, path);
+  const std::string notice = adapt_position(*c, run_, path);  // see Note [Resuming on another world size]
+  if (!notice.empty() && rank_ == 0) std::fprintf(stderr, "lockstep: warning: %s\n", notice.c_str());
   TORCH_CHECK_VALUE(c->position.epoch <= epochs, "checkpoint '", path, "' has completed ", c->position.epoch,
                     " epochs and --epochs is ", epochs, "; --epochs counts from the start of training: pass ",
                     c->position.epoch, " or more");
@@ -106,10 +108,12 @@ TrainingPosition Checkpointer::restore(const std::optional<Checkpoint>& c, paral
     state.insert("optimizer", c->optimizer);
     state.insert("scaler", c->scaler);
     strategy.load_training_state_dict(state, source);
-    TORCH_CHECK(rank_ < static_cast<int64_t>(c->rng.size()), source, " holds RNG states for ", c->rng.size(),
-                " ranks; rank ", rank_, " has none");
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    {
+    const auto world = c->run.find("world_size");
+    const bool same_world = world != c->run.end() && world->value() == run_.at("world_size");
+    TORCH_CHECK(!same_world || rank_ < static_cast<int64_t>(c->rng.size()), source, " holds RNG states for ",
+                c->rng.size(), " ranks; rank ", rank_, " has none");
+    if (rank_ < static_cast<int64_t>(c->rng.size())) {  // see Note [Resuming on another world size]
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(c->rng[rank_]);
     }

@@ -131,6 +131,13 @@ void TrainOptions::validate() const {
   TORCH_CHECK_VALUE(replicas() >= 0, "replicas=", replicas(), " must be >= 0 (0: the intra-op thread count, at least 2)");
   TORCH_CHECK_VALUE(replicas() == 0 || strategy() == parallel::StrategyKind::kDp, "--replicas ", replicas(),
                     " applies to --strategy dp (DataParallel's replicas); add --strategy dp or drop --replicas");
+  const bool fsdp = strategy() == parallel::StrategyKind::kFsdp;
+  TORCH_CHECK_VALUE(fsdp || (fsdp_min_params() == 0 && !fsdp_keep_gathered()),
+                    "--fsdp-min-params and --fsdp-no-reshard-after-forward set FSDP's units: add --strategy fsdp");
+  TORCH_CHECK_VALUE(fsdp_min_params() >= 0, "--fsdp-min-params ", fsdp_min_params(),
+                    " must be >= 0 (0: one unit per block)");
+  TORCH_CHECK_VALUE(!fsdp || !checkpoint_activations(), "--checkpoint-activations with --strategy fsdp: fsdp runs ",
+                    "each block itself to gather and free its unit, so it cannot also recompute it; drop one of them");
   TORCH_CHECK_VALUE(limit() >= 0, "limit=", limit(), " must be >= 0 (0 means all samples)");
   TORCH_CHECK_VALUE(epochs() >= 1, "epochs=", epochs(), " must be at least 1");
   TORCH_CHECK_VALUE(batch_size() >= 1, "batch size ", batch_size(), " must be at least 1");
@@ -236,7 +243,8 @@ parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* gro
                     .micro_batches(micro_batches())
                     .schedule(schedule())
                     .split(split()))
-      .replicas(replicas());
+      .replicas(replicas())
+      .fsdp(parallel::FsdpOptions().min_params(fsdp_min_params()).reshard_after_forward(!fsdp_keep_gathered()));
   const std::string scale = resolved_loss_scale();
   if (scale == "none") {
     s.loss_scale(amp::GradScalerOptions().enabled(false));

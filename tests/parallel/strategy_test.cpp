@@ -144,11 +144,11 @@ TEST(StepGuard, AllFiniteSeesNanAndInfButNotLargeFiniteValues) {
 }
 
 TEST(Strategy, NamesAreListedOnceAndUnknownOnesAreRefused) {
-  EXPECT_EQ(strategy_names(), (std::vector<std::string>{"local", "ddp", "dp", "zero1", "zero2", "pipeline"}));
+  EXPECT_EQ(strategy_names(), (std::vector<std::string>{"local", "ddp", "dp", "zero1", "zero2", "fsdp", "pipeline"}));
   EXPECT_EQ(parse_strategy("ddp"), StrategyKind::kDdp);
   EXPECT_EQ(to_string(StrategyKind::kLocal), "local");
   EXPECT_THAT(testing::error_message([] { parse_strategy("zero9"); }),
-              HasSubstr("unknown strategy 'zero9'; choose local, ddp, dp, zero1, zero2, pipeline"));
+              HasSubstr("unknown strategy 'zero9'; choose local, ddp, dp, zero1, zero2, fsdp, pipeline"));
   EXPECT_THAT(testing::error_message([] {
                 make_strategy(StrategyKind::kDdp, torch::nn::AnyModule(std::make_shared<models::MLPImpl>()),
                               with_optimizer(optim::OptimizerKind::kSGD));

@@ -46,6 +46,7 @@ Checkpoint sample_checkpoint(Trained& t) {
   c.position.epoch_steps = 6;
   c.run.insert("model", std::string("mlp"));
   c.run.insert("world_size", int64_t{2});
+  c.run.insert("seed", int64_t{1});
   c.model = models::state_dict_to_dict(*t.model);
   c.optimizer = optim::optimizer_state_dict(t.optimizer);
   c.rng = {torch::arange(5, torch::kUInt8), torch::arange(3, torch::kUInt8)};
@@ -116,13 +117,49 @@ TEST(Checkpoint, DifferentRunIsRefusedNamingEachDifference) {
   Checkpoint c = load_checkpoint(dir / "c.pt");
   auto run = string_dict();
   run.insert("model", std::string("mlp"));
-  run.insert("world_size", int64_t{4});
-  run.insert("batch_size", int64_t{100});
+  run.insert("world_size", int64_t{4});  // may differ: see Note [Resuming on another world size]
+  run.insert("seed", int64_t{3});
+  run.insert("accum_steps", int64_t{1});
   const std::string msg = testing::error_message([&] { check_same_run(c, run, dir / "c.pt"); });
-  EXPECT_THAT(msg, HasSubstr("world_size=2 in the checkpoint but 4 in this run"));
-  EXPECT_THAT(msg, HasSubstr("batch_size (absent from the checkpoint"));
+  EXPECT_THAT(msg, HasSubstr("seed=1 in the checkpoint but 3 in this run"));
+  EXPECT_THAT(msg, HasSubstr("accum_steps (absent from the checkpoint"));
+  EXPECT_THAT(msg, ::testing::Not(HasSubstr("world_size")));
   EXPECT_THAT(msg, HasSubstr(dir / "c.pt"));
   EXPECT_THAT(msg, ::testing::Not(HasSubstr("model=")));  // equal settings are not listed
+}
+
+c10::impl::GenericDict world(int64_t world_size, int64_t batch_size, int64_t accum_steps) {
+  auto run = string_dict();
+  run.insert("world_size", world_size);
+  run.insert("batch_size", batch_size);
+  run.insert("accum_steps", accum_steps);
+  return run;
+}
+
+// See Note [Resuming on another world size]: 7 micro-batches of 10 on 2 ranks consumed the first
+// 140 samples of the epoch's permutation.
+TEST(Checkpoint, AnotherWorldSizeResumesAfterTheSamplesAlreadyConsumed) {
+  Trained a;
+  auto at = [&](int64_t world_size, int64_t batch_size, int64_t accum_steps, std::string& notice) {
+    Checkpoint c = sample_checkpoint(a);
+    c.run.insert("batch_size", int64_t{10});
+    notice = adapt_position(c, world(world_size, batch_size, accum_steps), "c.pt");
+    return c.position.micro_batch;
+  };
+  std::string notice;
+  EXPECT_EQ(at(2, 10, 1, notice), 7);  // the same run
+  EXPECT_EQ(notice, "");
+  EXPECT_EQ(at(1, 20, 1, notice), 7);  // the same global batch: the same steps
+  EXPECT_THAT(notice, HasSubstr("written by 2 rank(s) of batch 10 (20 samples per micro-batch); this run has 1 of "
+                                "batch 20 (20)"));
+  EXPECT_THAT(notice, HasSubstr("every later step holds the samples it held in the original run"));
+  EXPECT_EQ(at(1, 10, 1, notice), 14);  // half the global batch: twice the micro-batches
+  EXPECT_THAT(notice, HasSubstr("The data order differs from here on"));
+  EXPECT_THAT(notice, ::testing::Not(HasSubstr("second time")));
+  EXPECT_EQ(at(4, 10, 1, notice), 3);  // 140 samples are 3.5 micro-batches of 40: back to 120
+  EXPECT_THAT(notice, HasSubstr("20 samples of this epoch are seen a second time"));
+  EXPECT_EQ(at(1, 10, 4, notice), 12);  // 14 micro-batches, rounded down to whole steps of 4
+  EXPECT_THAT(notice, HasSubstr("20 samples of this epoch are seen a second time"));
 }
 
 TEST(Checkpoint, CorruptOrForeignFilesAreRefusedWithTheReason) {

@@ -30,13 +30,15 @@ const std::string kTwoRanks = kCli + " run --nproc-per-node 2 -- " + kCli +
 
 // An epoch under zero2, checkpointed, then a second epoch resumed under ddp ends where two epochs
 // of ddp end (Adam's moments and step counts carry over through the per-parameter layout); the
-// same from a ddp checkpoint into zero1. 1e-5: the gradients are summed in another order.
+// same from a ddp checkpoint into zero1, from zero2 into fsdp and from fsdp into ddp. 1e-5: the
+// gradients are summed in another order.
 TEST(ZeroTrain, CheckpointsResumeAcrossStrategies) {
   testing::TempDir dir;
   auto straight = testing::run_command(kTwoRanks + " --strategy ddp --epochs 2 --save-model " + (dir / "straight.pt"));
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
-  for (const auto& [first, second] : {std::pair<std::string, std::string>{"zero2", "ddp"}, {"ddp", "zero1"}}) {
-    const std::string ckpt = dir / (first + "-ckpt");
+  for (const auto& [first, second] : {std::pair<std::string, std::string>{"zero2", "ddp"}, {"ddp", "zero1"}, {"zero2", "fsdp"},
+                                        {"fsdp", "ddp"}}) {
+    const std::string ckpt = dir / (first + "-" + second + "-ckpt");
     auto one = testing::run_command(kTwoRanks + " --strategy " + first + " --epochs 1 --checkpoint-dir " + ckpt);
     ASSERT_EQ(one.exit_code, 0) << one.output;
     const std::string out = dir / (first + "-" + second + ".pt");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lockstep::parallel {
@@ -27,6 +28,9 @@ class FlatParameters {
   // their values; the Parameter objects stay the same (their data is replaced), so the module,
   // its submodules and autograd keep working on them.
   FlatParameters(torch::nn::Module& module, int64_t world_size, int64_t rank);
+  // The same over some of a module's parameters, (name, parameter) in the order to lay them out:
+  // FSDP flattens each unit's parameters on its own (Note [FSDP units]).
+  FlatParameters(const std::vector<std::pair<std::string, torch::Tensor>>& named, int64_t world_size, int64_t rank);
 
   int64_t numel() const { return numel_; }                // the model's parameter count, Psi
   int64_t padded_numel() const { return shard_numel_ * world_size_; }

@@ -3,6 +3,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -31,9 +32,10 @@ namespace lockstep::parallel {
 // a callback at the end of backward. Costs per backward: (N-1)/N x Psi elements sent per rank.
 class ShardReducer {
  public:
-  // grad_shard: (S) fp32, the shard's gradient that every backward adds into.
+  // grad_shard: (S) fp32, the shard's gradient that every backward adds into. `reduced`, when set,
+  // runs once a backward's last bucket is reduced, inside that backward (FSDP frees its unit there).
   ShardReducer(const FlatParameters& flat, torch::Tensor grad_shard, dist::ProcessGroup& group,
-               int64_t bucket_cap_bytes);
+               int64_t bucket_cap_bytes, std::function<void()> reduced = nullptr);
   ~ShardReducer();
   ShardReducer(const ShardReducer&) = delete;
   ShardReducer& operator=(const ShardReducer&) = delete;
@@ -62,6 +64,7 @@ class ShardReducer {
   std::vector<int64_t> bucket_of_;  // per parameter
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: they hold our hooks
   std::vector<uintptr_t> hook_keys_;
+  std::function<void()> reduced_;
 
   std::mutex mutex_;
   bool armed_ = false;  // the end-of-backward callback is queued

@@ -34,8 +34,9 @@ namespace lockstep::parallel {
 
 // The built-in strategies. strategy_names() lists them in this order, once, for the CLI, its help
 // and its errors.
-enum class StrategyKind { kLocal, kDdp, kDp, kZero1, kZero2, kPipeline };
-const std::vector<std::string>& strategy_names();  // "local", "ddp", "dp", "zero1", "zero2", "pipeline"
+enum class StrategyKind { kLocal, kDdp, kDp, kZero1, kZero2, kFsdp, kPipeline };
+// "local", "ddp", "dp", "zero1", "zero2", "fsdp", "pipeline"
+const std::vector<std::string>& strategy_names();
 StrategyKind parse_strategy(const std::string& name);  // error lists strategy_names()
 std::string to_string(StrategyKind kind);
 
@@ -61,6 +62,16 @@ using ModelFactory = std::function<torch::nn::AnyModule()>;
 using ProcessGroupPtr = dist::ProcessGroup*;
 using StepProfilerPtr = StepProfiler*;
 
+// The fsdp strategy's wrapping (see Note [FSDP units]).
+struct FsdpOptions {
+  // A unit is the model's consecutive blocks taken together until they hold at least this many
+  // parameters (PyTorch's size_based_auto_wrap_policy's min_num_params); 0: one unit per block.
+  TORCH_ARG(int64_t, min_params) = 0;
+  // Free a unit's full parameters after its forward and gather them again for its backward;
+  // false keeps them from forward to the end of its backward (PyTorch's reshard_after_forward).
+  TORCH_ARG(bool, reshard_after_forward) = true;
+};
+
 // What every built-in strategy does the same way around the step.
 struct StrategyOptions {
   TORCH_ARG(OptimizerFactory, optimizer);                  // required
@@ -76,6 +87,7 @@ struct StrategyOptions {
   TORCH_ARG(ProcessGroupPtr, group) = nullptr;      // the ranks that train together; null: one process
   TORCH_ARG(StepProfilerPtr, profiler) = nullptr;   // phases of the step, when set
   TORCH_ARG(PipelineOptions, pipeline) = {};        // the pipeline strategy's stages and schedule
+  TORCH_ARG(FsdpOptions, fsdp) = {};                // the fsdp strategy's units
   // dp: model replicas, one thread each; 0: the intra-op thread count, at least 2.
   TORCH_ARG(int64_t, replicas) = 0;
   TORCH_ARG(ModelFactory, model_factory);           // dp: builds its replicas
@@ -147,7 +159,7 @@ class Strategy {
   virtual MemoryReport memory() const = 0;
 };
 
-// A built-in strategy over `model`. ddp, zero1 and zero2 need options.group().
+// A built-in strategy over `model`. ddp, zero1, zero2 and fsdp need options.group().
 std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule model, StrategyOptions options);
 
 }  // namespace lockstep::parallel

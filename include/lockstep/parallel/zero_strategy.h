@@ -57,8 +57,6 @@ class ZeroStrategy : public Strategy {
   const FlatParameters& flat_parameters() const { return *flat_; }
 
  private:
-  torch::Tensor squared_shard_norms();  // collective
-
   torch::nn::AnyModule model_;
   std::shared_ptr<torch::nn::Module> module_;
   StrategyOptions options_;

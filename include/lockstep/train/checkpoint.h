@@ -58,9 +58,28 @@ void save_checkpoint(const Checkpoint& checkpoint, const std::string& path);
 Checkpoint load_checkpoint(const std::string& path);
 
 // Throws c10::ValueError when `run` (this run's settings) differs from the checkpoint's in any
-// key, naming each value in both and the path.
+// key but world_size and batch_size, naming each value in both and the path.
 void check_same_run(const Checkpoint& checkpoint, const c10::impl::GenericDict& run,
                     const std::string& path);
+
+// Note [Resuming on another world size]
+// A checkpoint holds the whole model and a replica's optimizer state whatever the strategy, so
+// any world size can load it, as torch.load does in PyTorch; only the data position needs care.
+// DistributedSampler deals the epoch's permutation out round-robin (rank r takes positions r,
+// r+N, ...), so after j micro-batches of B samples on N ranks exactly the first j x B x N
+// positions of the permutation have been consumed, whatever N is. A run of N' ranks and batch B'
+// continues at micro-batch j x B x N / (B' x N'), rounded down to a whole optimizer step of
+// accum_steps micro-batches (the samples in between are seen twice, and the notice says how
+// many). With the same global batch (B' x N' = B x N) every later step holds the same samples as
+// the original run's, and the run continues it up to the order of floating-point sums (and the
+// padding of a last uneven batch); otherwise the steps are larger or smaller from here on, the
+// learning-rate schedule and --scale-lr count them, and the run no longer reproduces the
+// original: the notice says so. Ranks the checkpoint holds no RNG state for keep the seed's.
+
+// Moves the checkpoint's position to this run's world size and batch size (`run`, as
+// run_settings() gives them) as Note [Resuming on another world size] says. Returns the notice
+// to print, "" when both are the checkpoint's.
+std::string adapt_position(Checkpoint& checkpoint, const c10::impl::GenericDict& run, const std::string& path);
 
 // Checkpoint files in a directory are named step-<8 digits>.pt by the optimizer step they hold.
 std::string checkpoint_path(const std::string& dir, int64_t step);

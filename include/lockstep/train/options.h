@@ -75,6 +75,10 @@ struct TrainOptions {
   TORCH_ARG(std::vector<int64_t>, split);
   // dp: model replicas, one thread each; 0: the intra-op thread count (--threads), at least 2.
   TORCH_ARG(int64_t, replicas) = 0;
+  // --strategy fsdp (see Note [FSDP as a strategy]): blocks joined into units of at least this many
+  // parameters (0: one unit per block), and whether units stay gathered from forward to backward.
+  TORCH_ARG(int64_t, fsdp_min_params) = 0;
+  TORCH_ARG(bool, fsdp_keep_gathered) = false;
 
   // The optimizer, with PyTorch's defaults except lr (unset: 0.02 for sgd, 1e-3 for adam and
   // adamw) and weight decay (unset: PyTorch's, 0.01 for adamw and 0 otherwise).
@@ -151,9 +155,9 @@ struct TrainOptions {
   // The learning-rate schedule of a run of `world_size` ranks with `micro_batches_per_epoch`
   // micro-batches per rank and epoch; --lr scaled by --scale-lr first.
   LrScheduleOptions lr_schedule_options(int64_t world_size, int64_t micro_batches_per_epoch) const;
-  // What must be equal for a checkpoint to continue this run exactly (data order, step layout,
-  // precision, optimizer): model, data, limit, world_size, batch_size, accum_steps, seed,
-  // precision, opt_level, loss_scale, optimizer.
+  // What a checkpoint records of the run and a resumed run must share: model, data, limit,
+  // accum_steps, seed, precision, opt_level, loss_scale, optimizer; and world_size and batch_size,
+  // which may change (see Note [Resuming on another world size]).
   c10::impl::GenericDict run_settings(int64_t world_size) const;
   bool text() const { return data() == DataSource::kFortunes || data() == DataSource::kText; }
   // The text corpus: kFortunesDir or text_file().

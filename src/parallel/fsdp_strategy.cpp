@@ -1,0 +1,234 @@
+#include "lockstep/parallel/fsdp_strategy.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "lockstep/models/state_dict.h"
+#include "lockstep/optim/state_dict.h"
+#include "lockstep/parallel/distributed_data_parallel.h"
+#include "lockstep/parallel/micro_batch.h"
+#include "lockstep/parallel/shard_state_dict.h"
+#include "lockstep/parallel/shard_step.h"
+
+namespace lockstep::parallel {
+namespace {
+
+using NamedParameters = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// Gradient buckets of a unit's reduce-scatter, as zero2's default.
+constexpr int64_t kBucketCapBytes = 25 * 1024 * 1024;
+
+int64_t bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+
+int64_t numel(const NamedParameters& params) {
+  int64_t n = 0;
+  for (const auto& p : params) n += p.second.numel();
+  return n;
+}
+
+// A unit to build: its name ("layer1.0", or "layer1.0+layer1.1" when blocks are joined), its
+// blocks and its parameters in layout order.
+struct UnitPlan {
+  std::string name;
+  std::vector<std::string> blocks;
+  NamedParameters params;
+};
+
+// See Note [FSDP as a strategy]: consecutive blocks joined until they hold min_params parameters;
+// a short tail joins the unit before it. Every parameter must be in exactly one block, and the
+// units must list them in the model's order (the per-parameter layout of saved optimizer state).
+std::vector<UnitPlan> plan_units(torch::nn::Module& module, const std::vector<models::Block>& blocks,
+                                 int64_t min_params, int64_t rank) {
+  const auto named = module.named_parameters();
+  std::unordered_map<const void*, size_t> index;  // TensorImpl -> position in named_parameters()
+  for (size_t i = 0; i < named.size(); ++i) index.emplace(named[i].value().unsafeGetTensorImpl(), i);
+  std::vector<UnitPlan> plans;
+  UnitPlan open;
+  size_t next = 0;  // the model index the next parameter must have
+  for (const models::Block& block : blocks) {
+    const std::vector<torch::Tensor> params = models::block_parameters(block);
+    if (params.empty()) continue;
+    for (const torch::Tensor& p : params) {
+      auto it = index.find(p.unsafeGetTensorImpl());
+      TORCH_CHECK_VALUE(it != index.end() && it->second == next, "rank ", rank, ": fsdp cannot shard this model by its ",
+                        "blocks: block '", block.name, "' uses ",
+                        it == index.end() ? std::string("a tensor that is not a parameter of the model")
+                                          : "parameter '" + named[it->second].key() + "'",
+                        " where the blocks should next hold '", next < named.size() ? named[next].key() : "nothing",
+                        "'; the blocks must hold every parameter once, in the model's parameter order");
+      open.params.emplace_back(named[next].key(), p);
+      ++next;
+    }
+    open.blocks.push_back(block.name);
+    if (numel(open.params) >= min_params) plans.push_back(std::exchange(open, UnitPlan()));
+  }
+  if (!open.params.empty()) {
+    if (plans.empty()) {
+      plans.push_back(std::move(open));
+    } else {
+      UnitPlan& last = plans.back();
+      last.blocks.insert(last.blocks.end(), open.blocks.begin(), open.blocks.end());
+      last.params.insert(last.params.end(), open.params.begin(), open.params.end());
+    }
+  }
+  TORCH_CHECK_VALUE(next == named.size(), "rank ", rank, ": fsdp cannot shard this model by its blocks: parameter '",
+                    next < named.size() ? named[next].key() : "", "' is in none of them (every parameter must be in ",
+                    "a block, see Note [Model blocks])");
+  for (UnitPlan& plan : plans) {
+    for (const std::string& b : plan.blocks) plan.name += (plan.name.empty() ? "" : "+") + b;
+  }
+  return plans;
+}
+
+}  // namespace
+
+FsdpStrategy::FsdpStrategy(torch::nn::AnyModule model, StrategyOptions options)
+    : model_(std::move(model)),
+      module_(model_.ptr()),
+      classifier_(std::dynamic_pointer_cast<models::Classifier>(module_)),
+      options_(std::move(options)),
+      group_(sharding_group(options_, "fsdp", "the parameters")),
+      guard_(&group_) {
+  check_strategy_options(options_);
+  TORCH_CHECK_VALUE(options_.fsdp().min_params() >= 0, "rank ", group_.rank(), ": --fsdp-min-params ",
+                    options_.fsdp().min_params(), " must be >= 0 (0: one unit per block of the model)");
+  if (options_.profiler() == nullptr)
+    disabled_profiler_ = std::make_unique<StepProfiler>(StepProfilerOptions().enabled(false));
+  profiler_ = options_.profiler() ? options_.profiler() : disabled_profiler_.get();
+
+  sync_module_states(*module_, group_);  // every rank starts from rank 0's weights
+  build_units();
+  std::vector<torch::Tensor> shards;
+  for (const auto& unit : units_) shards.push_back(unit->shard());
+  optimizer_ = options_.optimizer()(shards);
+  amp::AmpOptions a = amp::AmpOptions().dtype(options_.half_dtype()).group(&group_);
+  if (options_.loss_scale()) a.loss_scale(*options_.loss_scale());
+  amp_ = std::make_unique<amp::Amp>(amp::initialize(*module_, *optimizer_, options_.opt_level(), a));
+}
+
+FsdpStrategy::~FsdpStrategy() {
+  if (classifier_) classifier_->set_block_runner(nullptr);
+}
+
+void FsdpStrategy::build_units() {
+  std::vector<UnitPlan> plans;
+  if (classifier_) {
+    plans = plan_units(*module_, classifier_->blocks(), options_.fsdp().min_params(), group_.rank());
+  } else {
+    UnitPlan whole{"model", {}, {}};
+    for (const auto& item : module_->named_parameters()) whole.params.emplace_back(item.key(), item.value());
+    plans.push_back(std::move(whole));
+  }
+  for (UnitPlan& plan : plans) {
+    units_.push_back(std::make_unique<FsdpUnit>(plan.name, plan.params, group_, kBucketCapBytes));
+    for (size_t b = 0; b < plan.blocks.size(); ++b)
+      places_[plan.blocks[b]] = BlockPlace{units_.back().get(), b == 0, b + 1 == plan.blocks.size()};
+  }
+  if (classifier_)
+    classifier_->set_block_runner([this](const models::Block& block, const torch::Tensor& x) { return run_block(block, x); });
+}
+
+torch::Tensor FsdpStrategy::run_block(const models::Block& block, const torch::Tensor& x) {
+  const auto it = places_.find(block.name);
+  if (it == places_.end()) return block.forward(x);  // no parameters: nothing to gather
+  const BlockPlace& place = it->second;
+  if (place.first) place.unit->gather();
+  torch::Tensor y = block.forward(x);
+  if (place.last) after_unit_forward(*place.unit, y);
+  return y;
+}
+
+torch::Tensor FsdpStrategy::run_model(const torch::Tensor& x) {
+  if (classifier_) return model_.forward(x);  // unit by unit, through run_block
+  FsdpUnit& unit = *units_.front();
+  unit.gather();
+  torch::Tensor y = model_.forward(x);
+  after_unit_forward(unit, y);
+  return y;
+}
+
+// See Note [FSDP units]: the hook runs when the gradient of the unit's output is complete, before
+// any operation of the unit's backward.
+void FsdpStrategy::after_unit_forward(FsdpUnit& unit, const torch::Tensor& output) {
+  const bool backward_follows = torch::GradMode::is_enabled() && output.requires_grad();
+  if (backward_follows) {
+    torch::Tensor hooked = output;
+    hooked.register_hook([&unit](const torch::Tensor&) { unit.gather(); });
+  }
+  if (!backward_follows || options_.fsdp().reshard_after_forward()) unit.reshard();
+}
+
+double FsdpStrategy::forward_backward(const std::vector<MicroBatch>& micro_batches, const LossFunction& loss_fn) {
+  TORCH_CHECK_VALUE(!micro_batches.empty(), name(), ": a step needs at least one micro-batch");
+  for (const auto& unit : units_) unit->grad_shard().zero_();
+  double total = 0.0;
+  // See Note [FSDP units]: the forward gathers each unit, the backward gathers it again and
+  // reduce-scatters its gradient.
+  auto forward = [this](const torch::Tensor& x) { return run_model(x); };
+  for (size_t i = 0; i < micro_batches.size(); ++i)
+    total += run_micro_batch(micro_batches[i], loss_fn, forward, *amp_, *profiler_, guard_, total,
+                             i + 1 == micro_batches.size());
+  return total;
+}
+
+StepDecision FsdpStrategy::step() {
+  auto phase = profiler_->scope(Phase::kOptimizer);
+  std::vector<torch::Tensor> grad_shards;
+  for (const auto& unit : units_) grad_shards.push_back(unit->grad_shard());
+  return step_shards(guard_, *amp_, group_, options_, grad_shards);
+}
+
+torch::Tensor FsdpStrategy::forward(const torch::Tensor& input) {
+  return amp_->cast_output(run_model(amp_->cast_input(input)));
+}
+
+double FsdpStrategy::loss_scale() const {
+  return amp_->grad_scaler().is_enabled() ? amp_->grad_scaler().get_scale() : 0.0;
+}
+
+c10::Dict<std::string, torch::Tensor> FsdpStrategy::model_state_dict() {
+  torch::NoGradGuard no_grad;
+  std::unordered_map<const void*, torch::Tensor> full;  // parameter TensorImpl -> gathered copy
+  for (const auto& unit : units_) {
+    unit->gather();
+    for (const torch::Tensor& p : unit->flat().params()) full.emplace(p.unsafeGetTensorImpl(), p.detach().clone());
+    unit->reshard();
+  }
+  c10::Dict<std::string, torch::Tensor> weights;
+  for (const auto& [key, t] : models::state_dict(*module_)) {
+    auto it = full.find(t.unsafeGetTensorImpl());
+    weights.insert(key, it != full.end() ? it->second : t.detach().clone());
+  }
+  return weights;
+}
+
+std::vector<const FlatParameters*> FsdpStrategy::flats() const {
+  std::vector<const FlatParameters*> out;
+  for (const auto& unit : units_) out.push_back(&unit->flat());
+  return out;
+}
+
+c10::impl::GenericDict FsdpStrategy::training_state_dict() {
+  return sharded_training_state_dict(*optimizer_, flats(), group_, amp_->grad_scaler());
+}
+
+void FsdpStrategy::load_training_state_dict(const c10::impl::GenericDict& state, const std::string& source) {
+  load_sharded_training_state_dict(*optimizer_, flats(), amp_->grad_scaler(), state, source);
+}
+
+MemoryReport FsdpStrategy::memory() const {
+  MemoryReport m;
+  int64_t largest = 0;
+  for (const auto& unit : units_) {
+    m.param_bytes += bytes(unit->shard());
+    m.grad_bytes += bytes(unit->grad_shard());
+    largest = std::max(largest, unit->full_bytes());
+  }
+  m.param_bytes += largest;
+  m.optim_bytes = optim::optimizer_state_bytes(*optimizer_);
+  return m;
+}
+
+}  // namespace lockstep::parallel
