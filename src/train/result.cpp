@@ -27,6 +27,9 @@ std::string TrainResult::summary_json() const {
   j["optim_bytes"] = optim_bytes;
   j["steps"] = steps;
   j["skipped_steps"] = skipped_steps;
+  for (const RankFigures& f : ranks)
+    j["ranks"].push_back({{"rank", f.rank}, {"peak_rss_mib", round_to(f.peak_rss_mib, 1)}, {"step_ms", round_to(f.step_ms, 3)},
+                          {"sync_ms", round_to(f.sync_ms, 3)}, {"activation_bytes", f.activation_bytes}});
   return j.dump();
 }
 

@@ -13,6 +13,15 @@ struct EpochResult {
   double train_s = 0.0;      // training time, evaluation excluded
 };
 
+// One rank's figures, gathered to rank 0 in a run of several ranks.
+struct RankFigures {
+  int64_t rank = 0;
+  double peak_rss_mib = 0.0;
+  double step_ms = 0.0;          // mean wall time per step (--profile; else 0)
+  double sync_ms = 0.0;          // of it, waiting on other ranks (--profile's sync phase)
+  int64_t activation_bytes = 0;  // MemoryReport::activation_bytes (--report-memory; else 0)
+};
+
 struct TrainResult {
   int64_t world_size = 1;
   int64_t rank = 0;
@@ -28,13 +37,16 @@ struct TrainResult {
   int64_t param_bytes = 0;      // this rank's model parameters
   int64_t grad_bytes = 0;       // their gradients (and the fp32 masters' at O2)
   int64_t optim_bytes = 0;      // optimizer state (momentum, Adam moments), and fp32 master weights at O2
+  std::vector<RankFigures> ranks;  // every rank's, on rank 0 of a run of several ranks; else empty
   std::string profile;          // --profile's table, "" without it
   std::vector<double> step_losses;  // every optimizer step's loss (mean over its samples), in order
   std::vector<EpochResult> epochs;
 
   // The one-line summary `lockstep train` prints last:
   // {"world_size":1,"samples_per_s":..,"train_s":..,"test_acc":..,"final_loss":..,"peak_rss_mib":..,
-  //  "param_bytes":..,"grad_bytes":..,"optim_bytes":..,"steps":..,"skipped_steps":..}
+  //  "param_bytes":..,"grad_bytes":..,"optim_bytes":..,"steps":..,"skipped_steps":..}, then, when
+  // `ranks` is set, "ranks":[{"rank":0,"peak_rss_mib":..,"step_ms":..,"sync_ms":..,
+  // "activation_bytes":..}, ...]
   std::string summary_json() const;
 };
 
