@@ -1,4 +1,5 @@
-// `lockstep bench`: one model and data set under every strategy x precision configuration.
+// `lockstep bench`: one model and data set under every strategy x precision configuration, or
+// (--pipeline-sweep) one process, model parallel and pipelined micro-batch counts.
 #include <unistd.h>
 
 #include <climits>
@@ -7,6 +8,7 @@
 
 #include "checks.h"
 #include "commands.h"
+#include "lockstep/bench/pipeline_sweep.h"
 #include "lockstep/bench/runner.h"
 #include "lockstep/core/process.h"
 
@@ -42,13 +44,31 @@ Command add_bench_command(CLI::App& app, const std::string& argv0, const std::st
   cmd->add_option("--out", o->out(), "Directory for results.csv/.json/.md, throughput.svg, memory.svg and logs/");
   cmd->add_option("--timeout", o->timeout(), "Seconds one row may take before it is killed")
       ->check(cli::positive_number());
-  return {cmd, [o, matrix_file, argv0, command_line] {
+  auto sweep = std::make_shared<bench::PipelineSweepOptions>();
+  auto sweep_flag = std::make_shared<bool>(false);
+  const std::string pipe = "Pipeline sweep";
+  cmd->add_flag("--pipeline-sweep", *sweep_flag,
+                "Instead of the matrix: one process, plain model parallel and pipelined runs over --micro-batch-counts "
+                "(both schedules); pipeline_sweep.md/.csv/.json, time_per_step.svg, idle.svg")->group(pipe);
+  cmd->add_option("--stages", sweep->stages(), "Pipeline stages (ranks) of the sweep's model-parallel and pipelined runs")
+      ->check(cli::positive_count())->group(pipe);
+  cmd->add_option("--micro-batch-counts", sweep->micro_batches(), "The sweep's micro-batch counts M, e.g. 2,4,8,16,32")
+      ->delimiter(',')->check(cli::positive_count())->group(pipe);
+  return {cmd, [o, matrix_file, sweep, sweep_flag, argv0, command_line] {
             o->lockstep(self_path(argv0)).command(command_line);
+            const auto print = [](const std::string& line) { std::cout << line << std::endl; };
+            if (*sweep_flag) {
+              const auto results = bench::run_pipeline_sweep(*o, *sweep, print);
+              std::cout << "lockstep bench: wrote " << o->out() << "/pipeline_sweep.md (and .csv, .json, "
+                        << "time_per_step.svg, idle.svg)\n";
+              for (const auto& r : results.rows)
+                if (!r.ok) return 1;
+              return 0;
+            }
             const int64_t cores = available_cores();
             const auto matrix =
                 matrix_file->empty() ? bench::default_matrix(cores) : bench::read_matrix(*matrix_file, cores);
-            const auto results = bench::run_bench(*o, matrix,
-                                                  [](const std::string& line) { std::cout << line << std::endl; });
+            const auto results = bench::run_bench(*o, matrix, print);
             std::cout << "lockstep bench: wrote " << o->out() << "/results.md (and .csv, .json, throughput.svg, "
                       << "memory.svg)\n";
             for (const auto& r : results.rows)

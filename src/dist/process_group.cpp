@@ -9,6 +9,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <c10/util/StringUtil.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -99,6 +101,15 @@ void rendezvous(c10d::Store& store, int64_t rank, int64_t world, std::chrono::mi
   }
 }
 
+// A Gloo backend over `store` (its keys under "gloo/"): connects to every other rank of the group.
+c10::intrusive_ptr<c10d::ProcessGroup> gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
+                                                    int64_t size, std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store),
+                                                     static_cast<int>(rank), static_cast<int>(size), options);
+}
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
@@ -117,7 +128,7 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* 
     work->wait(timeout_);
   } catch (const std::exception& e) {
     const std::string why = e.what();
-    TORCH_CHECK(false, what, " failed on rank ", rank_, " of ", size_, " (timeout ", seconds(timeout_),
+    TORCH_CHECK(false, what, " failed on rank ", rank_, " of ", size_, parent_ranks_, " (timeout ", seconds(timeout_),
                 " s): ", why.substr(0, why.find('\n')), ". ", roll_call());
   }
 }
@@ -206,7 +217,7 @@ void ProcessGroup::barrier() {
     backend_->monitoredBarrier(o, /*waitAllRanks=*/true);
   } catch (const std::exception& e) {
     const std::string why = e.what();
-    TORCH_CHECK(false, "barrier failed on rank ", rank_, " of ", size_, " after ", seconds(timeout_),
+    TORCH_CHECK(false, "barrier failed on rank ", rank_, " of ", size_, parent_ranks_, " after ", seconds(timeout_),
                 " s: ", why.substr(0, why.find("Exception raised from")));
   }
 }
@@ -310,6 +321,33 @@ double ProcessGroup::average(double value) {
   return t.item<double>();
 }
 
+std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>& ranks) {
+  // See Note [Subgroups].
+  TORCH_CHECK_VALUE(!ranks.empty(), "new_group on rank ", rank_, ": the list of ranks is empty");
+  for (size_t i = 0; i < ranks.size(); ++i)
+    TORCH_CHECK_VALUE(ranks[i] >= 0 && ranks[i] < size_ && (i == 0 || ranks[i] > ranks[i - 1]), "new_group on rank ",
+                      rank_, ": ranks [", c10::Join(", ", ranks), "] must be ascending ranks of a group of ", size_,
+                      " (0 to ", size_ - 1, "), each once");
+  const int64_t index = subgroups_made_++;
+  const auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  if (me == ranks.end()) return nullptr;
+  auto store = c10::make_intrusive<c10d::PrefixStore>("lockstep/subgroup/" + std::to_string(index), store_);
+  const int64_t rank = me - ranks.begin(), size = static_cast<int64_t>(ranks.size());
+  c10::intrusive_ptr<c10d::ProcessGroup> backend;
+  try {
+    backend = gloo_backend(store, rank, size, timeout_);
+  } catch (const std::exception& e) {
+    const std::string why = e.what();
+    TORCH_CHECK(false, "rank ", rank_, " of ", size_, ": subgroup ", index, " of ranks [", c10::Join(", ", ranks),
+                "] did not connect within ", seconds(timeout_), " s (", why.substr(0, why.find('\n')),
+                "); every rank must call new_group for the same subgroups in the same order");
+  }
+  auto group = std::make_unique<ProcessGroup>(store, backend, timeout_);
+  group->parent_ = this;
+  group->parent_ranks_ = " (ranks " + c10::Join(", ", ranks) + " of the parent)";
+  return group;
+}
+
 std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   const std::string& method = options.init_method();
   TORCH_CHECK_VALUE(options.timeout().count() > 0, "timeout must be positive, got ",
@@ -349,12 +387,7 @@ std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   store->setTimeout(options.timeout());
   rendezvous(*store, rank, world, options.timeout(), where);
 
-  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
-  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-  auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
-      c10::make_intrusive<c10d::PrefixStore>("gloo", store), static_cast<int>(rank),
-      static_cast<int>(world), gloo_options);
-  return std::make_unique<ProcessGroup>(store, backend, options.timeout());
+  return std::make_unique<ProcessGroup>(store, gloo_backend(store, rank, world, options.timeout()), options.timeout());
 }
 
 }  // namespace lockstep::dist

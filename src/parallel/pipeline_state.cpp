@@ -45,10 +45,11 @@ IValue state_dict_of(GenericDict state, const GenericDict& group) {
 
 }  // namespace
 
-IValue gather_optimizer_state(const IValue& stage_state, int64_t first_param, int64_t total_params,
+IValue gather_optimizer_state(const IValue& stage_state, int64_t first_param, int64_t total_params, int64_t stages,
                               dist::ProcessGroup* group) {
   std::vector<std::pair<int64_t, IValue>> parts{{first_param, stage_state}};  // (first parameter, state)
-  if (group && group->size() > 1) {
+  if (group && stages > 1) {
+    if (group->rank() >= stages) return stage_state;
     if (group->rank() != 0) {
       GenericDict wrapped = string_dict();
       wrapped.insert("first_param", first_param);
@@ -61,7 +62,7 @@ IValue gather_optimizer_state(const IValue& stage_state, int64_t first_param, in
       group->wait(group->send_async(payload, 0, kBytesTag), "sending the optimizer state to rank 0");
       return stage_state;
     }
-    for (int64_t r = 1; r < group->size(); ++r) {
+    for (int64_t r = 1; r < stages; ++r) {
       torch::Tensor size = torch::empty({1}, torch::kInt64);
       group->recv(size, r, kSizeTag, "the size of a stage's optimizer state");
       torch::Tensor payload = torch::empty({size.item<int64_t>()}, torch::kUInt8);

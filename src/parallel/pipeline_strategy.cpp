@@ -1,6 +1,7 @@
 #include "lockstep/parallel/pipeline_strategy.h"
 
 #include <c10/util/StringUtil.h>
+#include <torch/csrc/utils/tensor_flatten.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <numeric>
 
 #include "lockstep/amp/opt_level.h"
+#include "lockstep/core/tensor_memory.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/optim/state_dict.h"
 #include "lockstep/parallel/distributed_data_parallel.h"
@@ -67,10 +69,14 @@ struct PipelineStrategy::InFlight {
   torch::Tensor input;   // what the stage received (requires grad past the first stage)
   torch::Tensor output;  // the stage's output, its graph kept until backward (not on the last stage)
   torch::Tensor loss;    // weighted loss (last stage only)
+  int64_t held_bytes = 0;  // what its forward left allocated, when counted
 };
 
 PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions options)
     : options_(std::move(options)), group_(options_.group()) {
+  if (options_.profiler() == nullptr)
+    disabled_profiler_ = std::make_unique<StepProfiler>(StepProfilerOptions().enabled(false));
+  profiler_ = options_.profiler() ? options_.profiler() : disabled_profiler_.get();
   model_ = std::dynamic_pointer_cast<models::Classifier>(model.ptr());
   TORCH_CHECK_VALUE(model_ != nullptr, "the pipeline strategy cuts a model into stages by its blocks: pass a "
                     "models::Classifier (a reference model, or a subclass that lists its blocks())");
@@ -87,9 +93,7 @@ PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions o
   first_block_of_stage_ = stage_boundaries(blocks_, p, stages_);
   TORCH_CHECK_VALUE(world % stages_ == 0, "rank ", rank_, ": the world size ", world, " is not divisible by --stages ",
                     stages_, ": a pipeline replica needs ", stages_, " ranks; start a multiple of ", stages_, " ranks");
-  TORCH_CHECK_VALUE(world == stages_, "rank ", rank_, ": ", world, " ranks for ", stages_, " stages would be ",
-                    world / stages_, " data-parallel replicas of the pipeline, which this strategy does not run; "
-                    "start ", stages_, " ranks (or --stages ", world, ")");
+  replicas_ = world / stages_;
   stage_ = rank_ % stages_;
   first_block_ = first_block_of_stage_[stage_];
   last_block_ = first_block_of_stage_[stage_ + 1];
@@ -109,6 +113,12 @@ PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions o
   TORCH_CHECK(index == static_cast<int64_t>(all.size()), "the model's blocks use ", index, " of its ", all.size(),
               " parameters: every parameter must belong to a block");
   if (group_) sync_module_states(*model_, *group_);
+  // See Note [Pipeline replicas]: every rank makes every stage's subgroup, keeping its own.
+  for (int64_t s = 0; s < stages_ && replicas_ > 1; ++s) {
+    std::vector<int64_t> ranks;
+    for (int64_t r = 0; r < replicas_; ++r) ranks.push_back(r * stages_ + s);
+    if (auto g = group_->new_group(ranks)) stage_group_ = std::move(g);
+  }
   optimizer_ = options_.optimizer()(params_);
 }
 
@@ -120,6 +130,7 @@ torch::Tensor PipelineStrategy::run_stage(torch::Tensor x) {
 }
 
 void PipelineStrategy::receive(torch::Tensor& tensor, int64_t peer, int64_t tag, const std::string& what) {
+  auto phase = profiler_->scope(Phase::kSync);
   const auto t0 = Clock::now();
   group_->recv(tensor, peer, tag, what);
   receive_wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -151,6 +162,7 @@ torch::Tensor PipelineStrategy::receive_activation(int64_t i) {
 double PipelineStrategy::forward_backward(const std::vector<MicroBatch>& micro_batches, const LossFunction& loss_fn) {
   TORCH_CHECK_VALUE(!micro_batches.empty(), name(), ": a step needs at least one micro-batch");
   optimizer_->zero_grad();
+  broadcast_buffers();
   std::vector<MicroBatch> chunks;  // torch.chunk's split, as Pipe's: fewer than M for a small batch
   for (const MicroBatch& mb : micro_batches) {
     const int64_t n = mb.input.size(0);
@@ -162,15 +174,22 @@ double PipelineStrategy::forward_backward(const std::vector<MicroBatch>& micro_b
   const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   std::vector<InFlight> flight(chunks.size());
   int64_t live = 0;
+  const bool count_bytes = TensorMemoryCounter::active();
   double total = 0.0;
   for (const PipelineAction& a : pipeline_schedule(options_.pipeline().schedule(), stage_, stages_,
                                                    static_cast<int64_t>(chunks.size()))) {
     const int64_t i = a.micro_batch;
     InFlight& f = flight[i];
     if (a.kind == PipelineAction::kForward) {
+      const int64_t before = count_bytes ? TensorMemoryCounter::thread_live_bytes() : 0;
       f.input = first ? chunks[i].input : receive_activation(i);
-      torch::Tensor y = run_stage(f.input);
+      torch::Tensor y;
+      {
+        auto phase = profiler_->scope(Phase::kForward);
+        y = run_stage(f.input);
+      }
       if (last) {
+        auto phase = profiler_->scope(Phase::kLoss);
         f.loss = loss_fn(y, chunks[i].target) * chunks[i].weight;
         total += f.loss.item<double>();
       } else {
@@ -178,33 +197,68 @@ double PipelineStrategy::forward_backward(const std::vector<MicroBatch>& micro_b
         f.output = y;
       }
       peak_live_ = std::max(peak_live_, ++live);
+      f.held_bytes = count_bytes ? TensorMemoryCounter::thread_live_bytes() - before : 0;
+      held_bytes_ += f.held_bytes;
+      peak_held_bytes_ = std::max(peak_held_bytes_, held_bytes_);
       continue;
     }
-    if (last) {
-      f.loss.backward();
-    } else {
-      torch::Tensor grad = torch::empty_like(f.output);
+    torch::Tensor grad;
+    if (!last) {
+      grad = torch::empty_like(f.output);
       receive(grad, rank_ + 1, gradient_tag(i), "the gradient of micro-batch " + std::to_string(i) + "'s activations");
-      f.output.backward(grad);
+    }
+    {
+      auto phase = profiler_->scope(Phase::kBackward);
+      if (last) f.loss.backward();
+      else f.output.backward(grad);
     }
     if (!first) {
-      torch::Tensor grad = f.input.grad().contiguous();
-      sends_.emplace_back(group_->send_async(grad, rank_ - 1, gradient_tag(i)), grad);
+      torch::Tensor input_grad = f.input.grad().contiguous();
+      sends_.emplace_back(group_->send_async(input_grad, rank_ - 1, gradient_tag(i)), input_grad);
     }
+    held_bytes_ -= f.held_bytes;
     f = InFlight{};
     --live;
   }
-  for (auto& [work, tensor] : sends_) group_->wait(work, "sending to a neighbouring stage");
+  {
+    auto phase = profiler_->scope(Phase::kSync);
+    for (auto& [work, tensor] : sends_) group_->wait(work, "sending to a neighbouring stage");
+  }
   sends_.clear();
+  average_gradients();
   stale_ = true;
-  // The loss lives on the last stage; every rank returns it (NaN stays NaN through the sum).
+  // The loss lives on each replica's last stage; every rank returns their mean (NaN stays NaN).
   if (group_) {
     torch::Tensor sum = torch::tensor({last ? total : 0.0}, torch::kFloat64);
     group_->all_reduce(sum);
-    total = sum.item<double>();
+    total = sum.item<double>() / static_cast<double>(replicas_);
   }
   last_loss_ = total;
   return total;
+}
+
+void PipelineStrategy::broadcast_buffers() {
+  if (!stage_group_) return;
+  torch::NoGradGuard no_grad;
+  auto phase = profiler_->scope(Phase::kSync);
+  for (int64_t b = first_block_; b < last_block_; ++b)
+    for (auto t : models::block_buffers(blocks_[b])) stage_group_->broadcast(t, 0);
+}
+
+void PipelineStrategy::average_gradients() {
+  if (!stage_group_) return;
+  torch::NoGradGuard no_grad;
+  auto phase = profiler_->scope(Phase::kSync);
+  std::vector<torch::Tensor> grads;
+  for (auto& p : params_) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);  // unused here, maybe used on another replica
+    grads.push_back(p.grad());
+  }
+  if (grads.empty()) return;  // a stage of parameter-free blocks
+  torch::Tensor flat = torch::utils::flatten_dense_tensors(grads);
+  stage_group_->all_reduce(flat, dist::ReduceOp::kMean);
+  const std::vector<torch::Tensor> averaged = torch::utils::unflatten_dense_tensors(flat, grads);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i].copy_(averaged[i]);
 }
 
 std::vector<torch::Tensor> PipelineStrategy::stage_gradients() const {
@@ -223,11 +277,11 @@ StepDecision PipelineStrategy::step() {
   // [non-finite gradients on this stage, squared L2 norm of its gradients], summed over stages.
   double non_finite = all_finite(grads) ? 0.0 : 1.0, squares = 0.0;
   for (const auto& g : grads) squares += g.to(torch::kFloat64).pow(2).sum().item<double>();
-  if (group_) {
+  if (group_) {  // every replica holds the same averaged gradients: count each stage once
     torch::Tensor v = torch::tensor({non_finite, squares}, torch::kFloat64);
     group_->all_reduce(v);
-    non_finite = v[0].item<double>();
-    squares = v[1].item<double>();
+    non_finite = v[0].item<double>() / static_cast<double>(replicas_);
+    squares = v[1].item<double>() / static_cast<double>(replicas_);
   }
   if (!std::isfinite(last_loss_)) {
     d.skip_reason = "non-finite loss (on the last stage, rank " + std::to_string(stages_ - 1) + ")";
@@ -242,6 +296,7 @@ StepDecision PipelineStrategy::step() {
     const double scale = std::min(1.0, options_.clip_norm() / (std::sqrt(squares) + 1e-6));
     for (auto& g : grads) g.mul_(scale);
   }
+  auto phase = profiler_->scope(Phase::kOptimizer);
   optimizer_->step();
   d.stepped = true;
   return d;
@@ -272,7 +327,7 @@ c10::Dict<std::string, torch::Tensor> PipelineStrategy::model_state_dict() {
 c10::impl::GenericDict PipelineStrategy::training_state_dict() {
   c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
   state.insert("optimizer", gather_optimizer_state(optim::optimizer_state_dict(*optimizer_), first_param_,
-                                                   static_cast<int64_t>(model_->parameters().size()), group_));
+                                                   static_cast<int64_t>(model_->parameters().size()), stages_, group_));
   state.insert("scaler", c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
   return state;
 }
@@ -292,6 +347,7 @@ MemoryReport PipelineStrategy::memory() const {
     m.grad_bytes += bytes(p.grad());
   }
   m.optim_bytes = optim::optimizer_state_bytes(*optimizer_);
+  m.activation_bytes = peak_held_bytes_;
   return m;
 }
 

@@ -33,6 +33,9 @@ std::string TrainResult::summary_json() const {
   j["steps"] = steps;
   j["skipped_steps"] = skipped_steps;
   for (const auto& [key, value] : figures) j[key] = round_to(value, 4);
+  for (const RankFigures& f : ranks)
+    j["ranks"].push_back({{"rank", f.rank}, {"peak_rss_mib", round_to(f.peak_rss_mib, 1)}, {"step_ms", round_to(f.step_ms, 3)},
+                          {"sync_ms", round_to(f.sync_ms, 3)}, {"activation_bytes", f.activation_bytes}});
   return j.dump();
 }
 

@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <iostream>
 #include <limits>
+#include <optional>
 
 #include "lockstep/core/names.h"
 #include "lockstep/core/process.h"
+#include "lockstep/core/tensor_memory.h"
 #include "lockstep/core/world.h"
 #include "lockstep/log/progress.h"
 #include "lockstep/log/run_log.h"
@@ -71,6 +73,7 @@ class TrainingRun {
         profiler_(StepProfilerOptions().enabled(o.profile() || !o.trace().empty())) {
     result_.threads = o.threads() > 0 ? o.threads() : default_intra_op_threads();
     torch::set_num_threads(static_cast<int>(result_.threads));
+    if (o.report_memory()) tensor_memory_.emplace();  // strategies that count activations read it
     torch::manual_seed(o.seed());
     if (o.deterministic()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
     if (world_.world_size > 1)
@@ -129,8 +132,10 @@ class TrainingRun {
     for (const auto& [key, value] : data_->figures()) result_.figures.emplace_back(key, average(value));
     result_.steps = pos_.step;
     result_.skipped_steps = pos_.skipped_steps;
-    report_memory(strategy_->memory());
+    const parallel::MemoryReport memory = strategy_->memory();
+    report_memory(memory);
     if (profiler_.enabled()) result_.profile = profiler_.report();
+    if (group_) gather_rank_figures(memory);
     if (!o_.save_model().empty()) {
       const auto weights = strategy_->model_state_dict();  // collective (see Strategy::model_state_dict)
       if (leader_) models::save_state_dict(weights, o_.save_model());
@@ -299,12 +304,29 @@ class TrainingRun {
     result_.sent_bytes_per_step = static_cast<int64_t>(sent);
     if (!o_.report_memory()) return;
     const double mib = 1024.0 * 1024.0;
+    const std::string activations = m.activation_bytes > 0 ? c10::str(", activations held for backward at most ",
+        static_cast<double>(m.activation_bytes) / mib, " MiB") : "";
     std::printf("rank %lld memory: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB "
-                "(optimizer state and fp32 master weights), peak RSS %.1f MiB; sent %.2f MiB per step\n",
+                "(optimizer state and fp32 master weights)%s, peak RSS %.1f MiB; sent %.2f MiB per step\n",
                 static_cast<long long>(world_.rank), static_cast<double>(m.param_bytes) / mib,
-                static_cast<double>(m.grad_bytes) / mib, static_cast<double>(m.optim_bytes) / mib, peak_rss_mib(),
+                static_cast<double>(m.grad_bytes) / mib, static_cast<double>(m.optim_bytes) / mib, activations.c_str(),
+                peak_rss_mib(),
                 sent / mib);
     std::fflush(stdout);
+  }
+
+  // Every rank's peak RSS, step and sync times and activation bytes, into rank 0's result.
+  void gather_rank_figures(const parallel::MemoryReport& memory) {
+    const ProfileSummary p = profiler_.summary();
+    const double sync_ms = p.phases.empty() ? 0.0 : p.phases[static_cast<int>(Phase::kSync)].mean_ms;
+    const torch::Tensor mine = torch::tensor({peak_rss_mib(), p.step_mean_ms, sync_ms,
+                                              static_cast<double>(memory.activation_bytes)}, torch::kFloat64);
+    const std::vector<torch::Tensor> all = group_->all_gather(mine);
+    if (!leader_) return;
+    for (int64_t r = 0; r < static_cast<int64_t>(all.size()); ++r) {
+      const auto* v = all[r].data_ptr<double>();
+      result_.ranks.push_back({r, v[0], v[1], v[2], static_cast<int64_t>(v[3])});
+    }
   }
 
   Evaluation evaluate_model() {
@@ -323,6 +345,7 @@ class TrainingRun {
   double average(double value) { return group_ ? group_->average(value) : value; }
 
   const TrainOptions& o_;
+  std::optional<TensorMemoryCounter> tensor_memory_;  // --report-memory
   const WorldInfo world_;
   const bool leader_;
   StepProfiler profiler_;

@@ -43,6 +43,38 @@ TEST(ProcessGroup, CollectivesOnThreeRanks) {
   });
 }
 
+// new_group on 4 ranks (Note [Subgroups]): {0, 2} and {1, 3} each reduce, broadcast and exchange
+// among themselves only, numbered 0 and 1; ranks outside a subgroup get nullptr; the subgroups'
+// bytes count in the parent's; a bad list of ranks is refused naming it.
+TEST(ProcessGroup, SubgroupsReduceAmongTheirOwnRanks) {
+  std::vector<float> sums(4), received(4);
+  std::vector<int64_t> parent_bytes(4);
+  run_ranks(4, [&](int64_t rank, ProcessGroup& pg) {
+    std::unique_ptr<ProcessGroup> mine;
+    for (const std::vector<int64_t>& ranks : {std::vector<int64_t>{0, 2}, std::vector<int64_t>{1, 3}}) {
+      auto g = pg.new_group(ranks);
+      EXPECT_EQ(g != nullptr, ranks[0] % 2 == rank % 2) << "rank " << rank;
+      if (g) mine = std::move(g);
+    }
+    ASSERT_NE(mine, nullptr);
+    EXPECT_EQ(mine->rank(), rank / 2);
+    EXPECT_EQ(mine->size(), 2);
+    const int64_t before = pg.bytes_sent();
+    torch::Tensor t = torch::full({3}, static_cast<float>(rank));
+    mine->all_reduce(t);
+    sums[rank] = t[0].item<float>();
+    parent_bytes[rank] = pg.bytes_sent() - before;
+    torch::Tensor b = torch::full({1}, static_cast<float>(rank));
+    mine->broadcast(b, 1);
+    received[rank] = b.item<float>();
+    EXPECT_THAT(testing::error_message([&] { pg.new_group({2, 1}); }),
+                HasSubstr("new_group on rank " + std::to_string(rank) + ": ranks [2, 1] must be ascending ranks of a group of 4"));
+  });
+  EXPECT_EQ(sums, (std::vector<float>{2, 4, 2, 4}));        // 0 + 2, 1 + 3
+  EXPECT_EQ(received, (std::vector<float>{2, 3, 2, 3}));    // each subgroup's rank 1
+  for (int64_t bytes : parent_bytes) EXPECT_EQ(bytes, 12);  // 2 (N-1)/N x 12 bytes on N = 2
+}
+
 // Rank r's input of `numel` elements: seeded by r, so every rank can rebuild every other's.
 torch::Tensor rank_input(int64_t r, int64_t numel, torch::ScalarType dtype = torch::kFloat) {
   return torch::randn({numel}, at::make_generator<at::CPUGeneratorImpl>(100 + r)).to(dtype);

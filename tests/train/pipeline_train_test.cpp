@@ -51,6 +51,26 @@ TEST(PipelineTrain, TwoStagesEndWhereOneProcessAccumulatingEndsAndItsCheckpointR
   EXPECT_THAT(resumed.output, ::testing::HasSubstr("resumed from"));
 }
 
+// 2 stages x 2 replicas on 4 ranks (Note [Pipeline replicas]) == ddp on 2 ranks accumulating 4
+// micro-batches: each replica reads the DistributedSampler share a ddp rank reads, so the saved
+// models agree within 1e-5, BatchNorm's running statistics included (both keep rank 0's / replica
+// 0's). Every rank reports its figures in the summary.
+TEST(PipelineTrain, TwoStagesTimesTwoReplicasEndWhereDdpAccumulatingEnds) {
+  testing::TempDir dir;
+  const std::string common = " train --quiet --model convnet --data synthetic --limit 160 --seed 5 --threads 1 --epochs 1";
+  auto pipelined = testing::run_command(kCli + " run --nproc-per-node 4 -- " + kCli + common +
+                                        " --batch-size 20 --strategy pipeline --stages 2 --micro-batches 4 --schedule gpipe"
+                                        " --report-memory --save-model " + (dir / "pipe.pt"));
+  ASSERT_EQ(pipelined.exit_code, 0) << pipelined.output;
+  EXPECT_THAT(pipelined.output, ::testing::HasSubstr("\"world_size\":4"));
+  EXPECT_THAT(pipelined.output, ::testing::HasSubstr("{\"rank\":3,"));
+  EXPECT_THAT(pipelined.output, ::testing::HasSubstr("activations held for backward at most"));
+  auto ddp = testing::run_command(kCli + " run --nproc-per-node 2 -- " + kCli + common +
+                                  " --batch-size 5 --accum-steps 4 --strategy ddp --save-model " + (dir / "ddp.pt"));
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+  expect_near_state(dir / "pipe.pt", dir / "ddp.pt", 1e-5);
+}
+
 // --checkpoint-activations changes memory, not results: the same run with and without it saves
 // the same model (BatchNorm statistics included), within 1e-5. The convnet keeps it fast; the
 // ResNet-18 blocks are checked in tests/parallel/checkpoint_test.cpp.
@@ -74,6 +94,10 @@ TEST(PipelineTrain, BadSettingsFailBeforeTraining) {
                                    " --stages 3");
   EXPECT_NE(deep.exit_code, 0);
   EXPECT_THAT(deep.output, ::testing::HasSubstr("--stages 3 is more than the model's 2 blocks (fc1, fc2)"));
+  auto uneven = testing::run_command(kCli + " run --nproc-per-node 3 -- " + kCli +
+                                    " train --quiet --model mlp --data synthetic --limit 40 --strategy pipeline --stages 2");
+  EXPECT_NE(uneven.exit_code, 0);
+  EXPECT_THAT(uneven.output, ::testing::HasSubstr("the world size 3 is not divisible by --stages 2"));
   auto stray = testing::run_command(kCli + " train --quiet --model mlp --data synthetic --limit 40 --micro-batches 2");
   EXPECT_NE(stray.exit_code, 0);
   EXPECT_THAT(stray.output, ::testing::HasSubstr("add --strategy pipeline"));

@@ -17,7 +17,8 @@ enum class Phase {
   kForward,
   kLoss,
   kBackward,   // includes gradient communication DDP overlaps with it
-  kSync,       // waiting for the gradient all-reduce to finish after backward
+  kSync,       // waiting on other ranks: the gradient all-reduce after backward, a pipeline
+               // neighbour's activations or gradients
   kOptimizer,
   kLogging,
 };

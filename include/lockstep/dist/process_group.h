@@ -84,6 +84,16 @@ class ProcessGroup {
   // The mean of a scalar over all ranks (the reduce_tensor helper of PyTorch DDP scripts).
   double average(double value);
 
+  // Note [Subgroups]
+  // PyTorch's dist.new_group(ranks): a group of some of this group's ranks, numbered by their
+  // position in `ranks` (ascending, no repeats), with its own Gloo context over this group's store
+  // under a prefix of its own, and the same timeout. Like new_group, it is collective over this
+  // group: every rank calls it for every subgroup, in the same order (the prefix counts the calls),
+  // even for subgroups it is not in; those ranks get nullptr. Its collectives and their errors
+  // name its own ranks and then the parent's ("rank 1 of 2 (ranks 1, 3 of the parent)"); the bytes
+  // it sends count in the parent's bytes_sent() too. It must not outlive this group.
+  std::unique_ptr<ProcessGroup> new_group(const std::vector<int64_t>& ranks);
+
   // Waits for `work` within the group's timeout; failures name this rank, `what`, and the ranks
   // that stalled or died (see Note [Naming the rank that did not arrive]).
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what);
@@ -101,7 +111,10 @@ class ProcessGroup {
   int64_t bytes_sent() const { return bytes_sent_.load(); }
 
  private:
-  void count_sent(double bytes) { bytes_sent_ += static_cast<int64_t>(bytes); }
+  void count_sent(double bytes) {
+    bytes_sent_ += static_cast<int64_t>(bytes);
+    if (parent_ != nullptr) parent_->count_sent(bytes);
+  }
   double ring_share() const { return static_cast<double>(size_ - 1) / static_cast<double>(size_); }
 
   // Which ranks are still alive after a failed collective, as a sentence for its error.
@@ -113,6 +126,9 @@ class ProcessGroup {
   int64_t rank_;
   int64_t size_;
   std::atomic<int64_t> bytes_sent_{0};
+  ProcessGroup* parent_ = nullptr;  // a subgroup's (see Note [Subgroups])
+  std::string parent_ranks_;        // a subgroup's, for errors: " (ranks 1, 3 of the parent)"
+  int64_t subgroups_made_ = 0;
 };
 
 // Joins (or, on rank 0 with tcp:// and env://, hosts) the rendezvous and builds the backend.

@@ -19,9 +19,11 @@ namespace lockstep::parallel {
 // Collective over `group` (null: one process): every rank gives its stage's optimizer state dict
 // and the model index of its first parameter; rank 0 returns the whole model's state dict (the
 // stages' states renumbered, the first stage's hyperparameters, params 0 .. total_params-1), the
-// other ranks their own state unchanged. The states travel to rank 0 pickled, by send/recv.
+// other ranks their own state unchanged. Ranks 1 .. stages-1 (the first replica's other stages)
+// send their states to rank 0 pickled, by send/recv; further replicas hold the same states and
+// send nothing.
 c10::IValue gather_optimizer_state(const c10::IValue& stage_state, int64_t first_param, int64_t total_params,
-                                   dist::ProcessGroup* group);
+                                   int64_t stages, dist::ProcessGroup* group);
 
 // The part of a whole model's optimizer state dict `state` for parameters [first_param,
 // first_param + count), numbered from 0. Throws naming `source` when the state has more than one

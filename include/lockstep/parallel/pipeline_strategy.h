@@ -33,8 +33,24 @@ namespace lockstep::parallel {
 // DeferredBatchNorm: a pipelined step computes exactly what one process computes by gradient
 // accumulation over the same M micro-batches (the strategy tests check this).
 //
-// fp32 only (opt level O0). The world size must be a multiple of K (K consecutive ranks per
-// replica, see Strategy::ranks_per_replica).
+// Note [Pipeline replicas]
+// With N = R x K ranks the pipeline runs R data-parallel replicas: ranks rK .. rK+K-1 are replica
+// r's stages (Strategy::ranks_per_replica), and the training loop gives each replica its own
+// DistributedSampler share. Stage s's R copies form one subgroup (ranks s, s+K, ...; see Note
+// [Subgroups]); after the step's last backward each stage averages its gradients over that
+// subgroup in one flat all-reduce, so every replica steps with the gradient of the global batch,
+// as DDP does. Before each step every stage's BatchNorm buffers are broadcast from replica 0 in the
+// same subgroup (DDP's broadcast_buffers): all replicas normalise alike in evaluation and save
+// replica 0's running statistics. Send/recv stay between neighbours of one replica, whose ranks
+// differ by one. The step's loss is the mean over replicas of each replica's last stage.
+//
+// The profiler's sync phase holds the time this rank waits to receive a neighbour's activations or
+// gradients (its idle time in the bubble) and the replicas' gradient all-reduce. With a
+// TensorMemoryCounter installed, the strategy counts the bytes each forward leaves allocated on
+// its thread until that micro-batch's backward: MemoryReport::activation_bytes is their most at
+// once (see Note [Counting tensor bytes]).
+//
+// fp32 only (opt level O0). The world size must be a multiple of K.
 class PipelineStrategy : public Strategy {
  public:
   // Throws before any communication for a model that does not list its blocks, more stages than
@@ -64,10 +80,15 @@ class PipelineStrategy : public Strategy {
   // Seconds this stage spent blocked receiving activations or gradients, over all steps: its idle
   // time in the pipeline's bubble (and in waiting on slower neighbours).
   double receive_wait_seconds() const { return receive_wait_s_; }
+  // Data-parallel copies of the pipeline: world size / K.
+  int64_t replicas() const { return replicas_; }
 
  private:
   struct InFlight;
   torch::Tensor run_stage(torch::Tensor x);
+  // The replicas' shares of the step: buffers from replica 0 before, gradients averaged after.
+  void broadcast_buffers();
+  void average_gradients();
   void send_activation(const torch::Tensor& y, int64_t micro_batch);
   torch::Tensor receive_activation(int64_t micro_batch);
   void receive(torch::Tensor& tensor, int64_t peer, int64_t tag, const std::string& what);
@@ -78,9 +99,12 @@ class PipelineStrategy : public Strategy {
   std::shared_ptr<models::Classifier> model_;
   StrategyOptions options_;
   dist::ProcessGroup* group_;
+  std::unique_ptr<dist::ProcessGroup> stage_group_;  // this stage's replicas, when there are several
+  std::unique_ptr<StepProfiler> disabled_profiler_;  // when options name none
+  StepProfiler* profiler_;
   std::vector<models::Block> blocks_;
   std::vector<int64_t> first_block_of_stage_;  // K + 1 entries: stage s runs [v[s], v[s+1])
-  int64_t stages_ = 1, stage_ = 0, rank_ = 0;
+  int64_t stages_ = 1, stage_ = 0, rank_ = 0, replicas_ = 1;
   int64_t first_block_ = 0, last_block_ = 0;
   int64_t first_param_ = 0;  // index of this stage's first parameter in model_->parameters()
   std::vector<torch::Tensor> params_;
@@ -89,6 +113,7 @@ class PipelineStrategy : public Strategy {
   double last_loss_ = 0.0;
   bool stale_ = false;  // other stages' weights on this rank are out of date
   int64_t peak_live_ = 0;
+  int64_t held_bytes_ = 0, peak_held_bytes_ = 0;  // activations counted by a TensorMemoryCounter
   double receive_wait_s_ = 0.0;
 };
 

@@ -108,6 +108,9 @@ struct MemoryReport {
   int64_t param_bytes = 0;  // model parameters (this rank's share when sharded)
   int64_t grad_bytes = 0;   // their gradients, and the fp32 masters' at O2
   int64_t optim_bytes = 0;  // optimizer state, and fp32 master weights at O2
+  // The most bytes of activations held for backward at once during a step, for strategies that
+  // count them (pipeline) while a TensorMemoryCounter is installed; 0: not counted.
+  int64_t activation_bytes = 0;
 };
 
 // See Note [The Strategy seam]. The model's weights are final when a strategy is made (load

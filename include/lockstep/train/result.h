@@ -17,6 +17,15 @@ struct EpochResult {
   double train_s = 0.0;      // training time, evaluation excluded
 };
 
+// One rank's figures, gathered to rank 0 in a run of several ranks.
+struct RankFigures {
+  int64_t rank = 0;
+  double peak_rss_mib = 0.0;
+  double step_ms = 0.0;          // mean wall time per step (--profile; else 0)
+  double sync_ms = 0.0;          // of it, waiting on other ranks (--profile's sync phase)
+  int64_t activation_bytes = 0;  // MemoryReport::activation_bytes (--report-memory; else 0)
+};
+
 struct TrainResult {
   int64_t world_size = 1;
   int64_t rank = 0;
@@ -38,6 +47,7 @@ struct TrainResult {
   int64_t grad_bytes = 0;       // their gradients (and the fp32 masters' at O2)
   int64_t optim_bytes = 0;      // optimizer state (momentum, Adam moments), and fp32 master weights at O2
   int64_t sent_bytes_per_step = 0;  // this rank's collectives per optimizer step (Note [Counting bytes on the wire])
+  std::vector<RankFigures> ranks;  // every rank's, on rank 0 of a run of several ranks; else empty
   std::string profile;          // --profile's table, "" without it
   std::vector<double> step_losses;  // every optimizer step's loss (mean over its samples), in order
   std::vector<EpochResult> epochs;
@@ -45,7 +55,9 @@ struct TrainResult {
   // The one-line summary `lockstep train` prints last:
   // {"world_size":1,"samples_per_s":..,"train_s":..,"test_acc":..,"final_loss":..,"peak_rss_mib":..,
   //  "param_bytes":..,"grad_bytes":..,"optim_bytes":..,"sent_bytes_per_step":..,"steps":..,"skipped_steps":..};
-  // a language model has "test_loss" and "perplexity" after "test_acc" (null), and figures come last.
+  // a language model has "test_loss" and "perplexity" after "test_acc" (null), then figures; then,
+  // when `ranks` is set, "ranks":[{"rank":0,"peak_rss_mib":..,"step_ms":..,"sync_ms":..,
+  // "activation_bytes":..}, ...]
   std::string summary_json() const;
 };
 
