@@ -99,7 +99,14 @@ Command add_train_command(CLI::App& app) {
   for (const auto& name : models::text_model_names()) models.push_back(name);
   cmd->add_option("--model", o->model(), "Reference model: " + c10::Join(", ", models))
       ->check(CLI::IsMember(models));
-  cmd->add_option_function<std::string>("--data", [o](const std::string& v) { parse_data(v, *o); },
+  cmd->add_option_function<std::string>("--data",
+      [o](const std::string& v) {
+        try {
+          parse_data(v, *o);
+        } catch (const c10::ValueError& e) {  // during parsing: a usage error, as CLI11's own
+          throw CLI::ValidationError(e.what_without_backtrace());
+        }
+      },
                                         "Dataset: fashion-mnist, synthetic (seeded random images), fortunes "
                                         "(/usr/share/games/fortunes) or text:FILE (one entry per line, or '%' "
                                         "separators)")

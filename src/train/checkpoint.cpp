@@ -151,6 +151,8 @@ std::string adapt_position(Checkpoint& c, const GenericDict& run, const std::str
     TORCH_CHECK(it != settings.end() && it->value().isInt(), where, " has no integer '", key, "' setting");
     return it->value().toInt();
   };
+  // A run that records no data layout (a library user's own settings) has nothing to adapt.
+  if (run.find("world_size") == run.end() || run.find("batch_size") == run.end()) return "";
   const std::string source = "checkpoint '" + path + "'";
   const int64_t world = setting(c.run, "world_size", source.c_str()), batch = setting(c.run, "batch_size", source.c_str());
   const int64_t new_world = setting(run, "world_size", "this run"), new_batch = setting(run, "batch_size", "this run");
