@@ -54,6 +54,9 @@ Command add_bench_command(CLI::App& app, const std::string& argv0, const std::st
       ->check(cli::positive_count())->group(pipe);
   cmd->add_option("--micro-batch-counts", sweep->micro_batches(), "The sweep's micro-batch counts M, e.g. 2,4,8,16,32")
       ->delimiter(',')->check(cli::positive_count())->group(pipe);
+  cmd->add_option("--balance", sweep->balance(),
+                  "How the sweep's pipelines cut their stages: time (equal measured time) or params")
+      ->capture_default_str()->group(pipe);
   return {cmd, [o, matrix_file, sweep, sweep_flag, argv0, command_line] {
             o->lockstep(self_path(argv0)).command(command_line);
             const auto print = [](const std::string& line) { std::cout << line << std::endl; };

@@ -201,8 +201,13 @@ Command add_train_command(CLI::App& app) {
                                               "gpipe: all forwards, then all backwards; 1f1b: one forward, one "
                                               "backward (fewer activations alive)", "gpipe")
       ->group(pipe);
-  cmd->add_option("--split", o->split(), "Blocks per stage, e.g. 6,4 (default: balanced by parameter count)")
+  cmd->add_option("--split", o->split(), "Blocks per stage, e.g. 6,4 (default: balanced as --balance says)")
       ->delimiter(',')->group(pipe);
+  add_enum_option<parallel::PipelineBalance>(cmd, "--balance", parallel::pipeline_balance_names(),
+                                             [o](auto v) { o->balance(v); },
+                                             "Cut stages with equal parameter counts, or equal measured forward + "
+                                             "backward time", "params")
+      ->group(pipe);
 
   auto* fsdp = "FSDP (--strategy fsdp)";
   cmd->add_option("--fsdp-min-params", o->fsdp_min_params(),

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -28,14 +29,16 @@ std::vector<SweepRowSpec> sweep_rows(const PipelineSweepOptions& s) {
   rows.push_back({"one-process", one, {"--strategy", "local"}});
   PipelineSweepRow plain;
   plain.name = "model parallel", plain.ranks = s.stages(), plain.bubble = parallel::bubble_fraction(s.stages(), 1);
-  rows.push_back({"model-parallel", plain, {"--strategy", "pipeline", "--stages", k, "--micro-batches", "1"}});
+  rows.push_back({"model-parallel", plain,
+                  {"--strategy", "pipeline", "--stages", k, "--micro-batches", "1", "--balance", s.balance()}});
   for (int64_t m : s.micro_batches())
     for (const std::string& schedule : parallel::pipeline_schedule_names()) {
       PipelineSweepRow r;
       r.name = schedule + " M=" + std::to_string(m), r.schedule = schedule, r.micro_batches = m;
       r.ranks = s.stages(), r.bubble = parallel::bubble_fraction(s.stages(), m);
       rows.push_back({schedule + "-m" + std::to_string(m), r,
-                      {"--strategy", "pipeline", "--stages", k, "--micro-batches", std::to_string(m), "--schedule", schedule}});
+                      {"--strategy", "pipeline", "--stages", k, "--micro-batches", std::to_string(m), "--schedule", schedule,
+                       "--balance", s.balance()}});
     }
   return rows;
 }
@@ -92,6 +95,9 @@ void PipelineSweepOptions::validate(int64_t global_batch) const {
     TORCH_CHECK_VALUE(m >= 2 && m <= global_batch, "--micro-batch-counts ", c10::Join(",", micro_batches()), ": M=", m,
                       " must be at least 2 (M=1 is the model-parallel row) and at most the batch (--batch-size ",
                       global_batch, ")");
+  const auto& names = parallel::pipeline_balance_names();
+  TORCH_CHECK_VALUE(std::find(names.begin(), names.end(), balance()) != names.end(), "--balance ", balance(),
+                    " is not one of ", c10::Join(", ", names));
 }
 
 PipelineSweepResults run_pipeline_sweep(const BenchOptions& bench, const PipelineSweepOptions& sweep,
@@ -103,7 +109,7 @@ PipelineSweepResults run_pipeline_sweep(const BenchOptions& bench, const Pipelin
   PipelineSweepResults results;
   results.date = utc_now(), results.cpu = cpu_model(), results.cores = available_cores();
   results.command = bench.command(), results.model = bench.model(), results.batch = bench.global_batch();
-  results.stages = sweep.stages();
+  results.stages = sweep.stages(), results.balance = sweep.balance();
   const std::vector<SweepRowSpec> rows = sweep_rows(sweep);
   for (size_t i = 0; i < rows.size(); ++i) {
     const std::string label = c10::str("[", i + 1, "/", rows.size(), "] ", rows[i].row.name);

@@ -54,7 +54,7 @@ nlohmann::ordered_json to_json(const PipelineSweepResults& b) {
                     {"peak_rss_mib", r.peak_rss_mib}, {"bubble", r.bubble}, {"stages", std::move(stages)}});
   }
   return {{"date", b.date}, {"cpu", b.cpu}, {"cores", b.cores}, {"command", b.command}, {"model", b.model},
-          {"batch", b.batch}, {"stages", b.stages}, {"rows", std::move(rows)}};
+          {"batch", b.batch}, {"stages", b.stages}, {"balance", b.balance}, {"rows", std::move(rows)}};
 }
 
 }  // namespace
@@ -63,7 +63,8 @@ std::string pipeline_sweep_markdown(const PipelineSweepResults& b) {
   std::ostringstream md;
   md << "# lockstep bench --pipeline-sweep\n\n- Date: " << b.date << "\n- CPU: " << b.cpu << " (" << b.cores
      << " cores)\n- Model: " << b.model << ", batch " << b.batch << ", K = " << b.stages
-     << " stages, one thread per rank\n- Command: `" << b.command << "`\n\n"
+     << " stages cut by " << (b.balance == "time" ? "measured time" : "parameter count")
+     << " (--balance " << b.balance << "), one thread per rank\n- Command: `" << b.command << "`\n\n"
      << "| run | M | ms/step | samples/s | vs model parallel | peak RSS MiB per rank | bubble (K-1)/(M+K-1) "
         "| measured idle per stage | activations held MiB per stage |\n"
      << "|---|---|---|---|---|---|---|---|---|\n";

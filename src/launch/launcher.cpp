@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -18,7 +17,7 @@
 
 #include "lockstep/core/process.h"
 #include "lockstep/launch/rendezvous.h"
-#include "lockstep/launch/unique_fd.h"
+#include "lockstep/launch/shutdown_signals.h"
 #include "lockstep/launch/worker_group.h"
 
 extern char** environ;
@@ -39,61 +38,6 @@ std::string format_seconds(double seconds) {
   s << seconds << " s";
   return s.str();
 }
-
-// The write end of the self-pipe of the live ShutdownSignals; a signal handler can reach nothing
-// but a global.
-int g_signal_pipe = -1;
-
-void on_shutdown_signal(int signal) {
-  const int saved = errno;
-  const unsigned char byte = static_cast<unsigned char>(signal);
-  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe, &byte, 1);
-  errno = saved;
-}
-
-// While alive, SIGINT, SIGTERM and SIGHUP to the launcher become bytes on a pipe that the
-// supervision loop polls, so they are forwarded to the workers instead of killing the launcher;
-// SIGPIPE is ignored (a closed stdout loses output, not the job). Restores the previous actions.
-// Only one round's supervision holds it: between rounds no worker runs, and the default action
-// (die) is right.
-class ShutdownSignals {
- public:
-  ShutdownSignals() {
-    int fds[2];
-    TORCH_CHECK(::pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0, "pipe2: ", std::strerror(errno));
-    read_ = UniqueFd(fds[0]);
-    write_ = UniqueFd(fds[1]);
-    g_signal_pipe = write_.get();
-    struct sigaction action {};
-    action.sa_handler = on_shutdown_signal;
-    sigemptyset(&action.sa_mask);
-    for (size_t i = 0; i < kForwarded.size(); ++i) ::sigaction(kForwarded[i], &action, &saved_[i]);
-    struct sigaction ignore {};
-    ignore.sa_handler = SIG_IGN;
-    ::sigaction(SIGPIPE, &ignore, &saved_pipe_);
-  }
-  ~ShutdownSignals() {
-    for (size_t i = 0; i < kForwarded.size(); ++i) ::sigaction(kForwarded[i], &saved_[i], nullptr);
-    ::sigaction(SIGPIPE, &saved_pipe_, nullptr);
-    g_signal_pipe = -1;
-  }
-  ShutdownSignals(const ShutdownSignals&) = delete;
-  ShutdownSignals& operator=(const ShutdownSignals&) = delete;
-
-  int fd() const { return read_.get(); }
-  // The first signal received and not yet taken, or 0.
-  int take() {
-    unsigned char byte = 0;
-    return ::read(read_.get(), &byte, 1) == 1 ? byte : 0;
-  }
-
- private:
-  static constexpr std::array<int, 3> kForwarded{SIGINT, SIGTERM, SIGHUP};
-  UniqueFd read_;
-  UniqueFd write_;
-  std::array<struct sigaction, 3> saved_{};
-  struct sigaction saved_pipe_ {};
-};
 
 // PROGRAM as execve needs it: a path containing '/' as given, otherwise the first executable
 // match on PATH. Empty when there is none.

@@ -12,6 +12,11 @@ const std::vector<std::string>& pipeline_schedule_names() {
   return names;
 }
 
+const std::vector<std::string>& pipeline_balance_names() {
+  static const std::vector<std::string> names{"params", "time"};
+  return names;
+}
+
 std::vector<PipelineAction> pipeline_schedule(PipelineSchedule schedule, int64_t stage, int64_t stages,
                                               int64_t micro_batches) {
   TORCH_CHECK_VALUE(stages >= 1 && stage >= 0 && stage < stages, "stage ", stage, " is not one of ", stages, " stages");

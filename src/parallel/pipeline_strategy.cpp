@@ -13,6 +13,7 @@
 #include "lockstep/models/state_dict.h"
 #include "lockstep/optim/state_dict.h"
 #include "lockstep/parallel/distributed_data_parallel.h"
+#include "lockstep/parallel/pipeline_balance.h"
 #include "lockstep/parallel/pipeline_state.h"
 #include "lockstep/parallel/step_guard.h"
 
@@ -90,7 +91,13 @@ PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions o
   TORCH_CHECK_VALUE(p.stages() >= 0, "--stages ", p.stages(), " must be >= 1 (0: one stage per rank)");
   TORCH_CHECK_VALUE(p.micro_batches() >= 1, "--micro-batches ", p.micro_batches(), " must be at least 1");
   blocks_ = model_->blocks();
-  first_block_of_stage_ = stage_boundaries(blocks_, p, stages_);
+  PipelineOptions cut = p;
+  if (cut.split().empty() && cut.balance() == PipelineBalance::kTime) {
+    TORCH_CHECK_VALUE(cut.balance_input().defined(), "balancing pipeline stages by time needs an input to time the ",
+                      "blocks on: set PipelineOptions::balance_input to one micro-batch (lockstep train passes one)");
+    cut.split(split_by_time(blocks_, cut.balance_input(), stages_, group_));
+  }
+  first_block_of_stage_ = stage_boundaries(blocks_, cut, stages_);
   TORCH_CHECK_VALUE(world % stages_ == 0, "rank ", rank_, ": the world size ", world, " is not divisible by --stages ",
                     stages_, ": a pipeline replica needs ", stages_, " ranks; start a multiple of ", stages_, " ranks");
   replicas_ = world / stages_;

@@ -143,8 +143,11 @@ void TrainOptions::validate() const {
   TORCH_CHECK_VALUE(batch_size() >= 1, "batch size ", batch_size(), " must be at least 1");
   const bool pipeline = strategy() == parallel::StrategyKind::kPipeline;
   TORCH_CHECK_VALUE(pipeline || (stages() == 0 && micro_batches() == 1 && split().empty() &&
-                                 schedule() == parallel::PipelineSchedule::kGPipe),
-                    "--stages, --micro-batches, --schedule and --split set a pipeline: add --strategy pipeline");
+                                 schedule() == parallel::PipelineSchedule::kGPipe &&
+                                 balance() == parallel::PipelineBalance::kParams),
+                    "--stages, --micro-batches, --schedule, --split and --balance set a pipeline: add --strategy pipeline");
+  TORCH_CHECK_VALUE(split().empty() || balance() == parallel::PipelineBalance::kParams, "--split ",
+                    c10::Join(",", split()), " and --balance time both say where to cut the stages: give one of them");
   TORCH_CHECK_VALUE(stages() >= 0, "--stages ", stages(), " must be >= 1 (0: one stage per rank)");
   TORCH_CHECK_VALUE(micro_batches() >= 1, "--micro-batches ", micro_batches(), " must be at least 1");
   TORCH_CHECK_VALUE(micro_batches() <= batch_size(), "--micro-batches ", micro_batches(), " is larger than the batch (",
@@ -242,7 +245,8 @@ parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* gro
                     .stages(stages() > 0 ? stages() : static_cast<int64_t>(split().size()))
                     .micro_batches(micro_batches())
                     .schedule(schedule())
-                    .split(split()))
+                    .split(split())
+                    .balance(balance()))
       .replicas(replicas())
       .fsdp(parallel::FsdpOptions().min_params(fsdp_min_params()).reshard_after_forward(!fsdp_keep_gathered()));
   const std::string scale = resolved_loss_scale();

@@ -27,9 +27,13 @@ struct PipelineSweepOptions {
   TORCH_ARG(int64_t, stages) = 2;  // K: ranks of the model-parallel and pipelined rows
   // M of the pipelined rows (M = 1 is the model-parallel row); each at most the batch.
   TORCH_ARG(std::vector<int64_t>, micro_batches) = std::vector<int64_t>({2, 4, 8, 16, 32});
+  // How the model-parallel and pipelined rows cut their stages: lockstep train's --balance
+  // ("time" by default: the bubble formula assumes stages of equal time).
+  TORCH_ARG(std::string, balance) = "time";
 
  public:
-  // Throws c10::ValueError naming the bad value: K < 2, an M < 2 or larger than `global_batch`.
+  // Throws c10::ValueError naming the bad value: K < 2, an M < 2 or larger than `global_batch`,
+  // an unknown balance.
   void validate(int64_t global_batch) const;
 };
 
@@ -62,6 +66,7 @@ struct PipelineSweepResults {
   std::string model;
   int64_t batch = 0;   // samples per optimizer step
   int64_t stages = 0;  // K
+  std::string balance;  // how stages were cut: "params" or "time"
   std::vector<PipelineSweepRow> rows;
 };
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <torch/arg.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <string>
@@ -23,6 +24,12 @@ namespace lockstep::parallel {
 enum class PipelineSchedule { kGPipe, k1F1B };
 const std::vector<std::string>& pipeline_schedule_names();  // "gpipe", "1f1b"
 
+// How stages are cut when no split is given: blocks balanced by parameter count, or by their
+// measured forward and backward time (torchgpipe's balance_by_size and balance_by_time; see
+// Note [Balancing stages by time]).
+enum class PipelineBalance { kParams, kTime };
+const std::vector<std::string>& pipeline_balance_names();  // "params", "time"
+
 struct PipelineOptions {
   TORCH_ARG(int64_t, stages) = 0;         // K, one per rank of a replica; 0: the world size
   // M: each of the training loop's micro-batches is split into M pipeline micro-batches along the
@@ -30,9 +37,12 @@ struct PipelineOptions {
   // than M samples).
   TORCH_ARG(int64_t, micro_batches) = 1;
   TORCH_ARG(PipelineSchedule, schedule) = PipelineSchedule::kGPipe;
-  // Blocks per stage, K numbers that sum to the model's block count; empty: balanced by
-  // parameter count (balanced_split).
+  // Blocks per stage, K numbers that sum to the model's block count; empty: balanced as `balance`
+  // says (balanced_split).
   TORCH_ARG(std::vector<int64_t>, split);
+  TORCH_ARG(PipelineBalance, balance) = PipelineBalance::kParams;
+  // kTime: one pipeline micro-batch of inputs, as the model takes them, to time the blocks on.
+  TORCH_ARG(torch::Tensor, balance_input);
 };
 
 struct PipelineAction {

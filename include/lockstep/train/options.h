@@ -68,11 +68,12 @@ struct TrainOptions {
   // in backward instead of kept (see Note [Activation checkpointing]).
   TORCH_ARG(bool, checkpoint_activations) = false;
   // --strategy pipeline (see Note [Pipeline strategy]): stages (0: one per rank), pipeline
-  // micro-batches per batch, their schedule, and blocks per stage (empty: by parameter count).
+  // micro-batches per batch, their schedule, and blocks per stage (empty: balanced as `balance` says).
   TORCH_ARG(int64_t, stages) = 0;
   TORCH_ARG(int64_t, micro_batches) = 1;
   TORCH_ARG(parallel::PipelineSchedule, schedule) = parallel::PipelineSchedule::kGPipe;
   TORCH_ARG(std::vector<int64_t>, split);
+  TORCH_ARG(parallel::PipelineBalance, balance) = parallel::PipelineBalance::kParams;
   // dp: model replicas, one thread each; 0: the intra-op thread count (--threads), at least 2.
   TORCH_ARG(int64_t, replicas) = 0;
   // --strategy fsdp (see Note [FSDP as a strategy]): blocks joined into units of at least this many
