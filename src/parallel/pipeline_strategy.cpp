@@ -108,7 +108,7 @@ PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions o
   first_param_ = mine.first_owned;
   model_indices_ = mine.model_indices();
   owned_by_stage_.resize(stages_);
-  for (const auto& p : placement) owned_by_stage_[p.stages.front()].push_back(p.parameter);
+  for (const auto& placed : placement) owned_by_stage_[placed.stages.front()].push_back(placed.parameter);
   if (group_) sync_module_states(*model_, *group_);
   // See Note [Pipeline replicas]: every rank makes every stage's subgroup, keeping its own.
   for (int64_t s = 0; s < stages_ && replicas_ > 1; ++s) {
