@@ -132,6 +132,10 @@ struct Case {
   PipelineSchedule schedule;
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.stages << " stages x " << c.replicas << " replicas, " << pipeline_schedule_names()[static_cast<int>(c.schedule)];
+}
+
 class TiedPipeline : public ::testing::TestWithParam<Case> {};
 
 // K stages x R replicas, M = 4 micro-batches of 16-sequence batches (replica r reads batch r of
