@@ -130,10 +130,12 @@ std::vector<Block> GptMiniImpl::blocks() {
   std::shared_ptr<torch::nn::LinearImpl> out_layer, sc;  // null when tied / a language model
   if (lm_head) out_layer = lm_head.ptr();
   if (score) sc = score.ptr();
+  // The tied output layer is wte itself, listed again: see Note [Tied weights across stages]. A
+  // classifier's head does not use it, so does not list it.
   std::vector<std::shared_ptr<torch::nn::Module>> head{ln};
   if (out_layer) {
     head.push_back(out_layer);
-  } else {
+  } else if (!sc) {
     head.push_back(e);
   }
   if (sc) head.push_back(sc);

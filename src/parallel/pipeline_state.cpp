@@ -3,6 +3,8 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+
 namespace lockstep::parallel {
 namespace {
 
@@ -45,14 +47,19 @@ IValue state_dict_of(GenericDict state, const GenericDict& group) {
 
 }  // namespace
 
-IValue gather_optimizer_state(const IValue& stage_state, int64_t first_param, int64_t total_params, int64_t stages,
-                              dist::ProcessGroup* group) {
-  std::vector<std::pair<int64_t, IValue>> parts{{first_param, stage_state}};  // (first parameter, state)
+IValue gather_optimizer_state(const IValue& stage_state, int64_t first_param, int64_t owned, int64_t total_params,
+                              int64_t stages, dist::ProcessGroup* group) {
+  struct Part {
+    int64_t first, owned;  // the stage's first owned parameter's model index, how many it owns
+    IValue state;
+  };
+  std::vector<Part> parts{{first_param, owned, stage_state}};
   if (group && stages > 1) {
     if (group->rank() >= stages) return stage_state;
     if (group->rank() != 0) {
       GenericDict wrapped = string_dict();
       wrapped.insert("first_param", first_param);
+      wrapped.insert("owned", owned);
       wrapped.insert("state", stage_state);
       const std::vector<char> pickled = torch::pickle_save(wrapped);
       torch::Tensor size = torch::tensor({static_cast<int64_t>(pickled.size())}, torch::kInt64);
@@ -70,28 +77,30 @@ IValue gather_optimizer_state(const IValue& stage_state, int64_t first_param, in
       const std::vector<char> pickled(static_cast<const char*>(payload.data_ptr()),
                                       static_cast<const char*>(payload.data_ptr()) + payload.numel());
       const GenericDict wrapped = torch::pickle_load(pickled).toGenericDict();
-      parts.emplace_back(wrapped.at("first_param").toInt(), wrapped.at("state"));
+      parts.push_back({wrapped.at("first_param").toInt(), wrapped.at("owned").toInt(), wrapped.at("state")});
     }
   }
   GenericDict state(c10::IntType::get(), c10::AnyType::get());
-  for (const auto& [first, part] : parts) {
-    only_group(part, "a pipeline stage");
-    for (const auto& entry : part.toGenericDict().at("state").toGenericDict())
-      state.insert(first + entry.key().toInt(), entry.value());
+  for (const Part& part : parts) {
+    only_group(part.state, "a pipeline stage");
+    for (const auto& entry : part.state.toGenericDict().at("state").toGenericDict())
+      if (entry.key().toInt() < part.owned) state.insert(part.first + entry.key().toInt(), entry.value());
   }
   return state_dict_of(std::move(state), renumbered_group(only_group(stage_state, "this stage"), total_params));
 }
 
-IValue slice_optimizer_state(const IValue& state, int64_t first_param, int64_t count, const std::string& source) {
+IValue slice_optimizer_state(const IValue& state, const std::vector<int64_t>& model_indices, const std::string& source) {
   const GenericDict group = only_group(state, source);
   const auto numbers = group.at("params").toList();
-  TORCH_CHECK(first_param + count <= static_cast<int64_t>(numbers.size()), source, ": the optimizer state covers ",
-              numbers.size(), " parameters, but this pipeline stage trains parameters ", first_param, " to ",
-              first_param + count - 1, ": was it written for another model?");
+  const int64_t count = static_cast<int64_t>(model_indices.size());
+  const int64_t highest = count > 0 ? *std::max_element(model_indices.begin(), model_indices.end()) : -1;
+  TORCH_CHECK(highest < static_cast<int64_t>(numbers.size()), source, ": the optimizer state covers ", numbers.size(),
+              " parameters, but this pipeline stage trains the model's parameter ", highest,
+              ": was it written for another model?");
   const GenericDict all = state.toGenericDict().at("state").toGenericDict();
   GenericDict mine(c10::IntType::get(), c10::AnyType::get());
   for (int64_t j = 0; j < count; ++j) {
-    const IValue key = numbers.get(first_param + j);
+    const IValue key = numbers.get(model_indices[j]);
     auto it = all.find(key);
     if (it != all.end()) mine.insert(j, it->value());
   }

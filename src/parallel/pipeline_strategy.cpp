@@ -14,6 +14,7 @@
 #include "lockstep/optim/state_dict.h"
 #include "lockstep/parallel/distributed_data_parallel.h"
 #include "lockstep/parallel/pipeline_balance.h"
+#include "lockstep/parallel/pipeline_placement.h"
 #include "lockstep/parallel/pipeline_state.h"
 #include "lockstep/parallel/step_guard.h"
 
@@ -105,20 +106,16 @@ PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions o
   first_block_ = first_block_of_stage_[stage_];
   last_block_ = first_block_of_stage_[stage_ + 1];
 
-  // The stage's parameters must be a contiguous run of the model's, so that a stage's optimizer
-  // state maps to the whole model's numbering by an offset.
-  const std::vector<torch::Tensor> all = model_->parameters();
-  int64_t index = 0;
-  for (int64_t b = 0; b < static_cast<int64_t>(blocks_.size()); ++b)
-    for (const auto& t : models::block_parameters(blocks_[b])) {
-      TORCH_CHECK(index < static_cast<int64_t>(all.size()) && all[index].is_same(t), "block '", blocks_[b].name,
-                  "' lists its parameters out of the model's order: blocks must follow the modules' registration");
-      if (b == first_block_ && params_.empty()) first_param_ = index;
-      if (b >= first_block_ && b < last_block_) params_.push_back(t);
-      ++index;
-    }
-  TORCH_CHECK(index == static_cast<int64_t>(all.size()), "the model's blocks use ", index, " of its ", all.size(),
-              " parameters: every parameter must belong to a block");
+  // The stage's owned parameters are a contiguous run of the model's, so that its optimizer state
+  // maps to the whole model's numbering by an offset; see Note [Tied weights across stages].
+  const std::vector<ParameterPlacement> placement = place_parameters(blocks_, first_block_of_stage_, model_->parameters());
+  const StageParameters mine = stage_parameters(placement, stage_);
+  params_ = mine.all();
+  owned_ = static_cast<int64_t>(mine.owned.size());
+  first_param_ = mine.first_owned;
+  model_indices_ = mine.model_indices();
+  owned_by_stage_.resize(stages_);
+  for (const auto& placed : placement) owned_by_stage_[placed.stages.front()].push_back(placed.parameter);
   if (group_) sync_module_states(*model_, *group_);
   // See Note [Pipeline replicas]: every rank makes every stage's subgroup, keeping its own.
   for (int64_t s = 0; s < stages_ && replicas_ > 1; ++s) {
@@ -126,6 +123,7 @@ PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions o
     for (int64_t r = 0; r < replicas_; ++r) ranks.push_back(r * stages_ + s);
     if (auto g = group_->new_group(ranks)) stage_group_ = std::move(g);
   }
+  tied_ = std::make_unique<TiedGradients>(placement, stages_, group_);
   optimizer_ = options_.optimizer()(params_);
 }
 
@@ -233,6 +231,10 @@ double PipelineStrategy::forward_backward(const std::vector<MicroBatch>& micro_b
   }
   sends_.clear();
   average_gradients();
+  {
+    auto phase = profiler_->scope(Phase::kSync);
+    tied_->sum();  // after the replicas' average: see Note [Tied weights across stages]
+  }
   stale_ = true;
   // The loss lives on each replica's last stage; every rank returns their mean (NaN stays NaN).
   if (group_) {
@@ -268,22 +270,24 @@ void PipelineStrategy::average_gradients() {
   for (size_t i = 0; i < grads.size(); ++i) grads[i].copy_(averaged[i]);
 }
 
-std::vector<torch::Tensor> PipelineStrategy::stage_gradients() const {
+std::vector<torch::Tensor> PipelineStrategy::gradients(int64_t count) const {
   std::vector<torch::Tensor> grads;
-  for (const auto& p : params_)
-    if (p.grad().defined()) grads.push_back(p.grad());
+  for (int64_t i = 0; i < count; ++i)
+    if (params_[i].grad().defined()) grads.push_back(params_[i].grad());
   return grads;
 }
 
 StepDecision PipelineStrategy::step() {
   torch::NoGradGuard no_grad;
   StepDecision d;
-  std::vector<torch::Tensor> grads = stage_gradients();
+  std::vector<torch::Tensor> grads = gradients(static_cast<int64_t>(params_.size()));
   if (options_.clip_value() > 0)
     for (auto& g : grads) g.clamp_(-options_.clip_value(), options_.clip_value());
-  // [non-finite gradients on this stage, squared L2 norm of its gradients], summed over stages.
-  double non_finite = all_finite(grads) ? 0.0 : 1.0, squares = 0.0;
-  for (const auto& g : grads) squares += g.to(torch::kFloat64).pow(2).sum().item<double>();
+  // [non-finite gradients on this stage, squared L2 norm of its gradients], summed over stages;
+  // a tied weight counts once, on its owner (see Note [Tied weights across stages]).
+  const std::vector<torch::Tensor> owned = gradients(owned_);
+  double non_finite = all_finite(owned) ? 0.0 : 1.0, squares = 0.0;
+  for (const auto& g : owned) squares += g.to(torch::kFloat64).pow(2).sum().item<double>();
   if (group_) {  // every replica holds the same averaged gradients: count each stage once
     torch::Tensor v = torch::tensor({non_finite, squares}, torch::kFloat64);
     group_->all_reduce(v);
@@ -314,11 +318,11 @@ void PipelineStrategy::sync_whole_model() {
   stale_ = false;
   if (!group_) return;
   torch::NoGradGuard no_grad;
-  for (int64_t s = 0; s < stages_; ++s)
-    for (int64_t b = first_block_of_stage_[s]; b < first_block_of_stage_[s + 1]; ++b) {
-      for (auto t : models::block_parameters(blocks_[b])) group_->broadcast(t, s);
+  for (int64_t s = 0; s < stages_; ++s) {
+    for (auto t : owned_by_stage_[s]) group_->broadcast(t, s);  // a tied weight once, from its owner
+    for (int64_t b = first_block_of_stage_[s]; b < first_block_of_stage_[s + 1]; ++b)
       for (auto t : models::block_buffers(blocks_[b])) group_->broadcast(t, s);
-    }
+  }
 }
 
 torch::Tensor PipelineStrategy::forward(const torch::Tensor& input) {
@@ -333,7 +337,7 @@ c10::Dict<std::string, torch::Tensor> PipelineStrategy::model_state_dict() {
 
 c10::impl::GenericDict PipelineStrategy::training_state_dict() {
   c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
-  state.insert("optimizer", gather_optimizer_state(optim::optimizer_state_dict(*optimizer_), first_param_,
+  state.insert("optimizer", gather_optimizer_state(optim::optimizer_state_dict(*optimizer_), first_param_, owned_,
                                                    static_cast<int64_t>(model_->parameters().size()), stages_, group_));
   state.insert("scaler", c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
   return state;
@@ -343,7 +347,7 @@ void PipelineStrategy::load_training_state_dict(const c10::impl::GenericDict& st
   auto it = state.find("optimizer");
   TORCH_CHECK(it != state.end(), source, " has no 'optimizer' state");
   optim::load_optimizer_state_dict(
-      *optimizer_, slice_optimizer_state(it->value(), first_param_, static_cast<int64_t>(params_.size()), source),
+      *optimizer_, slice_optimizer_state(it->value(), model_indices_, source),
       source);
 }
 

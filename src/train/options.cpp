@@ -108,9 +108,6 @@ void TrainOptions::validate() const {
   TORCH_CHECK_VALUE(text() == text_model, "--model ", model(), " and --data ",
                     enum_name(data_source_names(), data()), " do not go together: gpt-mini trains on text (--data ",
                     "fortunes or --data text:FILE), the other models on images (--data fashion-mnist or synthetic)");
-  TORCH_CHECK_VALUE(!text() || strategy() != parallel::StrategyKind::kPipeline, "--strategy pipeline cannot cut ",
-                    "gpt-mini: its token embedding is also its output layer, used by the first and the last stage; ",
-                    "train it with local, ddp, zero1 or zero2");
   TORCH_CHECK_VALUE(data() != DataSource::kText || !text_file().empty(), "--data text needs a file: --data text:FILE");
   TORCH_CHECK_VALUE(max_tokens() >= 0, "--max-tokens ", max_tokens(), " must be >= 0 (0: --batch-size sequences)");
   TORCH_CHECK_VALUE(max_length() >= 2, "--max-length ", max_length(), " must be at least 2 tokens");

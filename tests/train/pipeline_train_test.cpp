@@ -1,11 +1,15 @@
 // `lockstep train --strategy pipeline` and `--checkpoint-activations` end to end: real processes
-// under `lockstep run`, against one process.
+// under `lockstep run`, against one process; convnet, and gpt-mini with its tied embedding.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include "../test_util.h"
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/train/options.h"
+#include "text_corpus.h"
 
 namespace lockstep::train {
 namespace {
@@ -69,6 +73,51 @@ TEST(PipelineTrain, TwoStagesTimesTwoReplicasEndWhereDdpAccumulatingEnds) {
                                   " --batch-size 5 --accum-steps 4 --strategy ddp --save-model " + (dir / "ddp.pt"));
   ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
   expect_near_state(dir / "pipe.pt", dir / "ddp.pt", 1e-5);
+}
+
+// gpt-mini through 2 stages, its tied embedding on both (Note [Tied weights across stages]), ==
+// one process accumulating the same 4 micro-batches of 4 sequences: every line is cut to 8
+// tokens, so a micro-batch's mean token loss weighs as its sequences do. The saved models agree
+// within 1e-5 and hold one wte.weight and no lm_head.weight, as the unwrapped model's state dict.
+TEST(PipelineTrain, GptMiniOnTwoStagesEndsWhereOneProcessAccumulatingEnds) {
+  testing::TempDir dir;
+  testing::write_grammar_corpus(dir / "corpus.txt", 200);
+  const std::string common = " train --quiet --model gpt-mini --data text:" + (dir / "corpus.txt") +
+                             " --vocab-size 300 --max-length 8 --n-layer 2 --n-head 2 --n-embd 32 --limit 160 --seed 4"
+                             " --threads 1 --epochs 1 --optimizer adamw --lr 0.003";
+  auto pipelined = testing::run_command(kCli + " run --nproc-per-node 2 -- " + kCli + common +
+                                        " --batch-size 16 --strategy pipeline --micro-batches 4 --schedule 1f1b"
+                                        " --save-model " + (dir / "pipe.pt"));
+  ASSERT_EQ(pipelined.exit_code, 0) << pipelined.output;
+  EXPECT_THAT(pipelined.output, ::testing::HasSubstr("\"perplexity\":"));
+  auto one = testing::run_command(kCli + common + " --batch-size 4 --accum-steps 4 --save-model " + (dir / "one.pt"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  expect_near_state(dir / "pipe.pt", dir / "one.pt", 1e-5);
+  const auto saved = load_state(dir / "pipe.pt");
+  EXPECT_TRUE(saved.contains("wte.weight"));
+  EXPECT_FALSE(saved.contains("lm_head.weight"));
+}
+
+// The run: gpt-mini on fortunes through a 2-stage pipeline trains, checkpoints, resumes
+// under ddp, and ddp's checkpoint resumes in the pipeline (weights and the whole model's
+// optimizer state both ways; the tokenizer beside the checkpoints).
+TEST(PipelineTrain, GptMiniOnFortunesCheckpointResumesUnderDdpAndBack) {
+  if (!std::filesystem::exists(kFortunesDir)) GTEST_SKIP() << "fortunes not installed (scripts/bootstrap)";
+  testing::TempDir dir;
+  const std::string run = kCli + " run --nproc-per-node 2 -- " + kCli +
+                          " train --quiet --model gpt-mini --data fortunes --limit 96 --vocab-size 300 --max-length 32"
+                          " --n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --seed 2 --checkpoint-dir " + (dir / "ckpt");
+  auto pipelined = testing::run_command(run + " --epochs 1 --strategy pipeline --micro-batches 4 --schedule gpipe");
+  ASSERT_EQ(pipelined.exit_code, 0) << pipelined.output;
+  EXPECT_THAT(pipelined.output, ::testing::HasSubstr("\"perplexity\":"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "ckpt/tokenizer.json"));
+  auto ddp = testing::run_command(run + " --epochs 2 --strategy ddp --resume latest");
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+  EXPECT_THAT(ddp.output, ::testing::HasSubstr("resumed from"));
+  auto back = testing::run_command(run + " --epochs 3 --strategy pipeline --micro-batches 4 --resume latest");
+  ASSERT_EQ(back.exit_code, 0) << back.output;
+  EXPECT_THAT(back.output, ::testing::HasSubstr("resumed from"));
+  EXPECT_THAT(back.output, ::testing::HasSubstr("\"perplexity\":"));
 }
 
 // --checkpoint-activations changes memory, not results: the same run with and without it saves

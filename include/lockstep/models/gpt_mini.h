@@ -57,8 +57,9 @@ class GptMiniImpl : public Classifier {
   // vocabulary.
   torch::Tensor forward(torch::Tensor ids) override;
 
-  // "embed" (wte, wpe), "h.0" .. "h.<layers-1>", "head" (ln_f and the output layer); see
-  // Note [Model blocks] and Note [Padding through blocks].
+  // "embed" (wte, wpe), "h.0" .. "h.<layers-1>", "head" (ln_f, the output layer: lm_head, or
+  // wte again when tied, and a classifier's score); see Note [Model blocks], Note [Padding
+  // through blocks] and, for wte in two blocks, Note [Tied weights across stages].
   std::vector<Block> blocks() override;
 
   const GptMiniOptions& options() const { return options_; }

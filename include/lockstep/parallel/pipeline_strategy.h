@@ -9,6 +9,8 @@
 
 namespace lockstep::parallel {
 
+class TiedGradients;  // pipeline_placement.h
+
 // Note [Pipeline strategy]
 // GPipe / PipeDream-Flush over ranks: the model's blocks (Note [Model blocks]) are cut into K
 // contiguous stages (balanced by parameter count, or PipelineOptions::split), rank r runs stage
@@ -22,7 +24,9 @@ namespace lockstep::parallel {
 // optimizer, or every stage skips the step when the loss or a gradient anywhere is non-finite.
 //
 // Every rank holds the whole model (rank 0's weights at construction) and trains its stage's
-// part. Evaluation and state dicts first bring every stage's current weights and buffers to every
+// part; a weight two stages use (gpt-mini's tied embedding) is owned by the first and replicated
+// on the other, their gradients summed after each backward (Note [Tied weights across stages]).
+// Evaluation and state dicts first bring every stage's current weights and buffers to every
 // rank (a broadcast per tensor, once after each step that changed them), then run or read the
 // whole model locally: checkpoints and --save-model hold the usual keys, and a checkpoint's
 // optimizer state is gathered into the whole model's numbering, so it resumes under ddp and
@@ -94,7 +98,8 @@ class PipelineStrategy : public Strategy {
   void receive(torch::Tensor& tensor, int64_t peer, int64_t tag, const std::string& what);
   // Brings every stage's weights and buffers to every rank, when a step changed them.
   void sync_whole_model();
-  std::vector<torch::Tensor> stage_gradients() const;
+  // The defined gradients of params_[0, count): count = owned_ for the parameters this stage owns.
+  std::vector<torch::Tensor> gradients(int64_t count) const;
 
   std::shared_ptr<models::Classifier> model_;
   StrategyOptions options_;
@@ -106,8 +111,14 @@ class PipelineStrategy : public Strategy {
   std::vector<int64_t> first_block_of_stage_;  // K + 1 entries: stage s runs [v[s], v[s+1])
   int64_t stages_ = 1, stage_ = 0, rank_ = 0, replicas_ = 1;
   int64_t first_block_ = 0, last_block_ = 0;
-  int64_t first_param_ = 0;  // index of this stage's first parameter in model_->parameters()
+  int64_t first_param_ = 0;  // index of this stage's first owned parameter in model_->parameters()
+  // What the optimizer trains: the owned_ parameters this stage owns, then replicas of tied
+  // weights; model_indices_[j] is params_[j]'s index in model_->parameters().
   std::vector<torch::Tensor> params_;
+  int64_t owned_ = 0;
+  std::vector<int64_t> model_indices_;
+  std::vector<std::vector<torch::Tensor>> owned_by_stage_;  // K lists: what each stage broadcasts
+  std::unique_ptr<TiedGradients> tied_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> sends_;  // in flight
   double last_loss_ = 0.0;
