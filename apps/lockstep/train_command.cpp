@@ -225,6 +225,12 @@ Command add_train_command(CLI::App& app) {
       ->check(cli::non_negative_count())->group(ckpt);
   cmd->add_option("--keep-last", o->keep_last(), "Keep only the newest K checkpoints (0: all)")
       ->check(cli::non_negative_count())->group(ckpt);
+  add_enum_option<train::CheckpointFormat>(cmd, "--checkpoint-format", train::checkpoint_format_names(),
+                                           [o](auto v) { o->checkpoint_format(v); },
+                                           "full: one torch.load-readable file gathered on rank 0 (step-N.pt); "
+                                           "sharded: each rank writes its own shards, nothing gathered "
+                                           "(step-N/rank-R-of-W.pt + metadata.pt; fsdp, zero1, zero2)", "full")
+      ->group(ckpt);
   cmd->add_option("--resume", o->resume(),
                   "Continue from a checkpoint file, the newest in a directory, or 'latest' in --checkpoint-dir")
       ->group(ckpt);

@@ -9,6 +9,7 @@
 #include "lockstep/models/state_dict.h"
 #include "lockstep/models/zoo.h"
 #include "lockstep/train/checkpoint.h"
+#include "lockstep/train/sharded_checkpoint.h"
 
 namespace lockstep::exporting {
 namespace {
@@ -65,7 +66,8 @@ void load_into(torch::nn::Module& model, const std::string& model_name, const c1
 
 WeightsSource load_weights(torch::nn::Module& model, const std::string& model_name, const std::string& path) {
   WeightsSource source{path, "state_dict", {}};
-  if (!looks_like_checkpoint(path)) {
+  const bool sharded = train::is_sharded_checkpoint(path);  // a directory: see Note [Sharded checkpoint files]
+  if (!sharded && !looks_like_checkpoint(path)) {
     const std::vector<char> bytes = read_file(path);  // a missing file: named by read_file
     c10::IValue dict;
     try {
@@ -77,7 +79,8 @@ WeightsSource load_weights(torch::nn::Module& model, const std::string& model_na
     return source;
   }
   source.kind = "checkpoint";
-  const train::Checkpoint checkpoint = train::load_checkpoint(path);
+  train::Checkpoint checkpoint = train::load_checkpoint(path);
+  if (checkpoint.sharded) train::reassemble_sharded_checkpoint(checkpoint);
   const auto trained = checkpoint.run.find("model");
   if (trained != checkpoint.run.end() && trained->value().isString())
     TORCH_CHECK(trained->value().toStringRef() == model_name, "'", path, "' is a checkpoint of a '",

@@ -218,6 +218,27 @@ void FsdpStrategy::load_training_state_dict(const c10::impl::GenericDict& state,
   load_sharded_training_state_dict(*optimizer_, flats(), amp_->grad_scaler(), state, source);
 }
 
+std::vector<ShardLayout> FsdpStrategy::layouts() const {
+  std::vector<ShardLayout> out;
+  for (const auto& unit : units_) out.push_back(shard_layout(unit->name(), unit->flat()));
+  return out;
+}
+
+std::vector<torch::Tensor> FsdpStrategy::shards() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& unit : units_) out.push_back(unit->shard());
+  return out;
+}
+
+// See Note [Sharded state]: the shards are what the optimizer steps, so they are the parameters.
+std::optional<ShardedState> FsdpStrategy::sharded_state_dict() {
+  return make_sharded_state(layouts(), shards(), *optimizer_, amp_->grad_scaler(), *module_, group_);
+}
+
+void FsdpStrategy::load_sharded_state_dict(const ShardedState& state, const std::string& source) {
+  load_sharded_state(state, layouts(), shards(), *optimizer_, amp_->grad_scaler(), *module_, group_, source);
+}
+
 MemoryReport FsdpStrategy::memory() const {
   MemoryReport m;
   int64_t largest = 0;

@@ -32,6 +32,16 @@ void check_strategy_options(const StrategyOptions& options) {
                     options.clip_norm(), " must be >= 0 (0: no clipping)");
 }
 
+void Strategy::load_sharded_state_dict(const ShardedState& state, const std::string& source) {
+  TORCH_CHECK_VALUE(false, "rank ", state.rank, ": ", source, " holds the shards of a sharded strategy, which the ",
+                    name(), " strategy does not hold; its full form is reassembled from every rank's file instead ",
+                    "(train::Checkpointer does this when the strategy or the world size differs)");
+}
+
+bool has_sharded_state(StrategyKind kind) {
+  return kind == StrategyKind::kFsdp || kind == StrategyKind::kZero1 || kind == StrategyKind::kZero2;
+}
+
 std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule model, StrategyOptions options) {
   const int64_t world = options.group() ? options.group()->size() : 1;
   switch (kind) {

@@ -115,6 +115,20 @@ void ZeroStrategy::load_training_state_dict(const c10::impl::GenericDict& state,
   load_sharded_training_state_dict(*optimizer_, {flat_.get()}, amp_->grad_scaler(), state, source);
 }
 
+// See Note [Sharded state]: ZeRO's one flat buffer is one unit, "model".
+std::optional<ShardedState> ZeroStrategy::sharded_state_dict() {
+  return make_sharded_state({shard_layout("model", *flat_)}, {flat_->shard()}, *optimizer_, amp_->grad_scaler(),
+                            *module_, group_);
+}
+
+void ZeroStrategy::load_sharded_state_dict(const ShardedState& state, const std::string& source) {
+  load_sharded_state(state, {shard_layout("model", *flat_)}, {flat_->shard()}, *optimizer_, amp_->grad_scaler(),
+                     *module_, group_, source);
+  torch::NoGradGuard no_grad;
+  torch::Tensor flat = flat_->flat();
+  group_.all_gather_into(flat, flat_->shard());  // every rank's loaded shard into every rank's weights
+}
+
 MemoryReport ZeroStrategy::memory() const {
   MemoryReport m;
   m.param_bytes = bytes(flat_->flat());

@@ -10,6 +10,7 @@
 
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/core/torch_load.h"
+#include "lockstep/train/sharded_checkpoint.h"
 
 namespace lockstep::train {
 namespace {
@@ -34,9 +35,10 @@ GenericDict as_dict(const IValue& v, const std::string& what) {
   return v.toGenericDict();
 }
 
-// Step number of a checkpoint file name, or -1 when `name` is not one.
-int64_t step_of(const std::string& name) {
-  const std::string prefix = kPrefix, suffix = kSuffix;
+// Step number of a checkpoint file name (step-N.pt), or of a sharded checkpoint's directory name
+// (step-N) when `directory`; -1 when `name` is not one.
+int64_t step_of(const std::string& name, bool directory = false) {
+  const std::string prefix = kPrefix, suffix = directory ? "" : kSuffix;
   if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
       name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
     return -1;
@@ -57,6 +59,17 @@ Checkpoint parse_checkpoint(const IValue& top_value, const std::string& source) 
               kFormat, "'");
 
   Checkpoint c;
+  read_position_and_run(top, source, c);
+  c.model = entry(top, "model", source);
+  c.optimizer = entry(top, "optimizer", source);
+  c.scaler = entry(top, "scaler", source);
+  for (const IValue& t : entry(top, "rng", source).toListRef()) c.rng.push_back(t.toTensor());
+  return c;
+}
+
+}  // namespace
+
+void read_position_and_run(const GenericDict& top, const std::string& source, Checkpoint& c) {
   const GenericDict position = as_dict(entry(top, "position", source), source + " position");
   c.position.epoch = entry(position, "epoch", source).toInt();
   c.position.micro_batch = entry(position, "micro_batch", source).toInt();
@@ -67,18 +80,9 @@ Checkpoint parse_checkpoint(const IValue& top_value, const std::string& source) 
   c.position.epoch_steps = entry(position, "epoch_steps", source).toInt();
   for (const auto& item : as_dict(entry(top, "run", source), source + " run"))
     c.run.insert(item.key().toStringRef(), item.value());
-  c.model = entry(top, "model", source);
-  c.optimizer = entry(top, "optimizer", source);
-  c.scaler = entry(top, "scaler", source);
-  for (const IValue& t : entry(top, "rng", source).toListRef()) c.rng.push_back(t.toTensor());
-  return c;
 }
 
-}  // namespace
-
-GenericDict string_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
-
-void save_checkpoint(const Checkpoint& c, const std::string& path) {
+GenericDict position_and_run(const Checkpoint& c) {
   GenericDict position = string_dict();
   position.insert("epoch", c.position.epoch);
   position.insert("micro_batch", c.position.micro_batch);
@@ -87,13 +91,26 @@ void save_checkpoint(const Checkpoint& c, const std::string& path) {
   position.insert("consecutive_skips", c.position.consecutive_skips);
   position.insert("epoch_loss_sum", c.position.epoch_loss_sum);
   position.insert("epoch_steps", c.position.epoch_steps);
+  GenericDict top = string_dict();
+  top.insert("position", position);
+  top.insert("run", c.run);
+  return top;
+}
+
+const std::vector<std::string>& checkpoint_format_names() {
+  static const std::vector<std::string> names{"full", "sharded"};
+  return names;
+}
+
+GenericDict string_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+void save_checkpoint(const Checkpoint& c, const std::string& path) {
   c10::List<torch::Tensor> rng;
   for (const auto& t : c.rng) rng.push_back(t);
 
   GenericDict top = string_dict();
   top.insert("format", std::string(kFormat));
-  top.insert("position", position);
-  top.insert("run", c.run);
+  for (const auto& item : position_and_run(c)) top.insert(item.key(), item.value());
   top.insert("model", c.model);
   top.insert("optimizer", c.optimizer);
   top.insert("scaler", c.scaler);
@@ -102,6 +119,7 @@ void save_checkpoint(const Checkpoint& c, const std::string& path) {
 }
 
 Checkpoint load_checkpoint(const std::string& path) {
+  if (is_sharded_checkpoint(path)) return load_sharded_checkpoint(path);
   const std::string source = "checkpoint '" + path + "'";
   IValue top_value;
   const std::vector<char> bytes = read_file(path);  // names the path itself
@@ -182,12 +200,28 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
   return (fs::path(dir) / name).string();
 }
 
+std::string sharded_checkpoint_path(const std::string& dir, int64_t step) {
+  const std::string file = checkpoint_path(dir, step);
+  return file.substr(0, file.size() - std::string(kSuffix).size());
+}
+
+bool is_sharded_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return false;
+  fs::path p(path);
+  if (!p.has_filename()) p = p.parent_path();  // "DIR/step-00000004/"
+  return step_of(p.filename().string(), /*directory=*/true) >= 0 || fs::exists(p / kShardedMetadataFile, ec);
+}
+
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const int64_t step = step_of(e.path().filename().string());
-    if (step >= 0 && e.is_regular_file(ec)) found.emplace_back(step, e.path().string());
+    const std::string name = e.path().filename().string();
+    const int64_t file_step = e.is_regular_file(ec) ? step_of(name) : -1;
+    const int64_t dir_step = e.is_directory(ec) ? step_of(name, /*directory=*/true) : -1;
+    if (file_step >= 0) found.emplace_back(file_step, e.path().string());
+    if (dir_step >= 0) found.emplace_back(dir_step, e.path().string());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> paths;
@@ -206,7 +240,7 @@ void remove_old_checkpoints(const std::string& dir, int64_t keep_last) {
   auto all = list_checkpoints(dir);
   for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) {
     std::error_code ec;
-    fs::remove(all[i], ec);  // a checkpoint that cannot be removed costs disk space, nothing else
+    fs::remove_all(all[i], ec);  // a checkpoint that cannot be removed costs disk space, nothing else
   }
 }
 

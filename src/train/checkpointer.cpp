@@ -2,8 +2,13 @@
 
 #include <torch/torch.h>
 
+#include <c10/util/StringUtil.h>
+
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+
+#include "lockstep/train/sharded_checkpoint.h"
 
 namespace lockstep::train {
 namespace {
@@ -22,6 +27,8 @@ Checkpointer::Checkpointer(CheckpointerOptions options, c10::impl::GenericDict r
   TORCH_CHECK_VALUE(options_.keep_last() >= 0, "keep-last=", options_.keep_last(), " must be >= 0 (0 keeps all)");
   TORCH_CHECK_VALUE(options_.resume() != "latest" || enabled(),
                     "--resume latest needs --checkpoint-dir (where to look for the latest checkpoint)");
+  TORCH_CHECK_VALUE(options_.format() != CheckpointFormat::kSharded || enabled(),
+                    "--checkpoint-format sharded needs --checkpoint-dir (where each rank writes its file)");
   if (enabled() && rank_ == 0) lock_ = DirectoryLock(options_.dir(), "--checkpoint-dir");
 }
 
@@ -32,10 +39,11 @@ std::optional<Checkpoint> Checkpointer::load_resume(int64_t epochs) {
   }
   std::string path = options_.resume();
   std::optional<Checkpoint> c;
-  if (path == "latest" || std::filesystem::is_directory(path)) {
+  if (path == "latest" || (std::filesystem::is_directory(path) && !is_sharded_checkpoint(path))) {
     const std::string dir = path == "latest" ? options_.dir() : path;
     if (list_checkpoints(dir).empty()) {
-      TORCH_CHECK_VALUE(path == "latest", "rank ", rank_, ": --resume '", path, "': no checkpoint (step-*.pt) in it");
+      TORCH_CHECK_VALUE(path == "latest", "rank ", rank_, ": --resume '", path,
+                        "': no checkpoint (step-*.pt, or a sharded step-*/) in it");
       if (rank_ == 0) std::printf("no checkpoint in '%s' yet: starting from scratch\n", dir.c_str());
       return std::nullopt;
     }
@@ -44,6 +52,7 @@ std::optional<Checkpoint> Checkpointer::load_resume(int64_t epochs) {
     c = load_checkpoint(path);
   }
   check_same_run(*c, run_, path);
+  if (c->sharded) read_sharded(*c);
   const std::string notice = adapt_position(*c, run_, path);  // see Note [Resuming on another world size]
   if (!notice.empty() && rank_ == 0) std::fprintf(stderr, "lockstep: warning: %s\n", notice.c_str());
   TORCH_CHECK_VALUE(c->position.epoch <= epochs, "checkpoint '", path, "' has completed ", c->position.epoch,
@@ -54,6 +63,25 @@ std::optional<Checkpoint> Checkpointer::load_resume(int64_t epochs) {
                 "writing the outputs\n", path.c_str(), static_cast<long long>(epochs));
   resumed_from_ = path;
   return c;
+}
+
+// See Note [Sharded checkpoint files]: only a run of the same strategy on as many ranks holds the
+// same shards; any other reassembles the full form and resumes as from a full checkpoint.
+void Checkpointer::read_sharded(Checkpoint& c) {
+  ShardedCheckpointInfo& info = *c.sharded;
+  const int64_t world = group_ ? group_->size() : 1;
+  if (info.strategy == options_.strategy() && info.world_size == world) {
+    torch::Tensor rng;
+    info.own = load_rank_file(info, rank_, rng);
+    info.own_rng = rng;
+    return;
+  }
+  if (rank_ == 0)
+    std::printf("sharded checkpoint '%s' was written by %s on %lld rank(s); this run is %s on %lld: reading the "
+                "full model and optimizer state from its %lld rank files\n", info.dir.c_str(), info.strategy.c_str(),
+                static_cast<long long>(info.world_size), options_.strategy().empty() ? "another strategy" :
+                options_.strategy().c_str(), static_cast<long long>(world), static_cast<long long>(info.world_size));
+  reassemble_sharded_checkpoint(c);
 }
 
 // Note [Falling back to an older checkpoint]
@@ -104,18 +132,26 @@ TrainingPosition Checkpointer::restore(const std::optional<Checkpoint>& c, paral
   TrainingPosition position;
   if (c) {
     const std::string source = "checkpoint '" + resumed_from_ + "'";
-    c10::impl::GenericDict state = string_dict();
-    state.insert("optimizer", c->optimizer);
-    state.insert("scaler", c->scaler);
-    strategy.load_training_state_dict(state, source);
-    const auto world = c->run.find("world_size");
-    const bool same_world = world != c->run.end() && world->value() == run_.at("world_size");
-    TORCH_CHECK(!same_world || rank_ < static_cast<int64_t>(c->rng.size()), source, " holds RNG states for ",
-                c->rng.size(), " ranks; rank ", rank_, " has none");
-    if (rank_ < static_cast<int64_t>(c->rng.size())) {  // see Note [Resuming on another world size]
+    torch::Tensor rng;  // this rank's generator state, when the checkpoint has one for it
+    if (c->sharded && c->sharded->own) {  // see Note [Sharded checkpoint files]
+      strategy.load_sharded_state_dict(*c->sharded->own, source);
+      rng = c->sharded->own_rng;
+    } else {
+      c10::impl::GenericDict state = string_dict();
+      state.insert("optimizer", c->optimizer);
+      state.insert("scaler", c->scaler);
+      strategy.load_training_state_dict(state, source);
+      const auto world = c->run.find("world_size");
+      const auto this_world = run_.find("world_size");
+      const bool same_world = world != c->run.end() && this_world != run_.end() && world->value() == this_world->value();
+      TORCH_CHECK(!same_world || rank_ < static_cast<int64_t>(c->rng.size()), source, " holds RNG states for ",
+                  c->rng.size(), " ranks; rank ", rank_, " has none");
+      if (rank_ < static_cast<int64_t>(c->rng.size())) rng = c->rng[rank_];  // see Note [Resuming on another world size]
+    }
+    if (rng.defined()) {
       at::Generator generator = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_state(c->rng[rank_]);
+      generator.set_state(rng);
     }
     position = c->position;
     if (rank_ == 0)
@@ -138,6 +174,7 @@ void Checkpointer::check_same_position_on_all_ranks(const TrainingPosition& posi
 }
 
 void Checkpointer::save(const TrainingPosition& at, parallel::Strategy& strategy) {
+  if (options_.format() == CheckpointFormat::kSharded) return save_sharded(at, strategy);
   torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();  // (5056) uint8
   std::vector<torch::Tensor> rngs = group_ ? group_->all_gather(rng) : std::vector<torch::Tensor>{rng};
   // Collective: a strategy whose state is spread over ranks gathers it to rank 0 here.
@@ -164,6 +201,69 @@ void Checkpointer::save(const TrainingPosition& at, parallel::Strategy& strategy
     }
   }
   if (group_) group_->barrier();
+}
+
+}  // namespace lockstep::train
+
+namespace lockstep::train {
+
+// See Note [Sharded checkpoint files]. Collective, but nothing of the model travels: two barriers
+// and a vote of one int per rank.
+void Checkpointer::save_sharded(const TrainingPosition& at, parallel::Strategy& strategy) {
+  namespace fs = std::filesystem;
+  const std::optional<parallel::ShardedState> state = strategy.sharded_state_dict();
+  TORCH_CHECK_VALUE(state.has_value(), "rank ", rank_, ": --checkpoint-format sharded, but the ", strategy.name(),
+                    " strategy holds a full replica, not shards; use --strategy fsdp, zero1 or zero2, or ",
+                    "--checkpoint-format full");
+  Checkpoint c;
+  c.position = at;
+  c.run = run_;
+  c.sharded = ShardedCheckpointInfo{sharded_checkpoint_path(options_.dir(), at.step), strategy.name(),
+                                    state->world_size, state->layouts, std::nullopt, torch::Tensor()};
+  const std::string dir = c.sharded->dir;
+  std::string error;
+  auto attempt = [&error](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      error = error_text(e);
+    }
+  };
+  if (rank_ == 0) attempt([&] {
+    fs::create_directories(dir);
+    fs::remove(fs::path(dir) / kShardedMetadataFile);  // a stale commit must not complete the new files
+  });
+  if (group_) group_->barrier();  // the directory is there, without metadata
+  if (error.empty()) attempt([&] {
+    fs::create_directories(dir);  // another node's view of the shared directory
+    save_rank_file(*state, at::detail::getDefaultCPUGenerator().get_state(), dir);
+  });
+  if (!error.empty())
+    std::fprintf(stderr, "lockstep: error: rank %lld: its file of the sharded checkpoint at step %lld was not "
+                 "written: %s\n", static_cast<long long>(rank_), static_cast<long long>(at.step), error.c_str());
+  // The vote: metadata.pt is written only when every rank's file is.
+  const torch::Tensor mine = torch::tensor({static_cast<int64_t>(!error.empty())}, torch::kInt64);
+  const std::vector<torch::Tensor> votes = group_ ? group_->all_gather(mine) : std::vector<torch::Tensor>{mine};
+  std::vector<std::string> failed;
+  for (size_t r = 0; r < votes.size(); ++r)
+    if (votes[r].item<int64_t>() != 0) failed.push_back(std::to_string(r));
+  if (rank_ == 0) {
+    if (failed.empty()) attempt([&] {
+      save_sharded_metadata(c);
+      remove_old_checkpoints(options_.dir(), options_.keep_last());
+    });
+    if (!failed.empty() || !error.empty()) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);  // incomplete: nothing could resume it
+      const auto last = latest_checkpoint(options_.dir());
+      const std::string why = failed.empty() ? "its metadata was not written: " + error
+                                             : "rank(s) " + c10::Join(", ", failed) + " could not write their files";
+      std::fprintf(stderr, "lockstep: error: sharded checkpoint at step %lld not saved: %s; training goes on, the last "
+                   "good checkpoint is %s\n", static_cast<long long>(at.step), why.c_str(),
+                   last ? ("'" + *last + "'").c_str() : "(none)");
+    }
+  }
+  if (group_) group_->barrier();  // nobody resumes or exits before the metadata is there
 }
 
 }  // namespace lockstep::train

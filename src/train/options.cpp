@@ -165,6 +165,14 @@ void TrainOptions::validate() const {
   TORCH_CHECK_VALUE(keep_last() >= 0, "keep-last=", keep_last(), " must be >= 0 (0 keeps all)");
   TORCH_CHECK_VALUE(checkpoint_dir().empty() ? save_every() == 0 && keep_last() == 0 : true,
                     "--save-every and --keep-last need --checkpoint-dir");
+  if (checkpoint_format() == CheckpointFormat::kSharded) {
+    TORCH_CHECK_VALUE(!checkpoint_dir().empty(), "--checkpoint-format sharded needs --checkpoint-dir (where each rank ",
+                      "writes its file)");
+    TORCH_CHECK_VALUE(strategy() && parallel::has_sharded_state(*strategy()), "--checkpoint-format sharded with ",
+                      "--strategy ", strategy() ? parallel::to_string(*strategy()) : "unset (ddp or local)",
+                      ": every rank of that strategy holds the whole model, so there are no shards to write; use ",
+                      "--strategy fsdp, zero1 or zero2, or --checkpoint-format full");
+  }
   TORCH_CHECK_VALUE(resume() != "latest" || !checkpoint_dir().empty(),
                     "--resume latest needs --checkpoint-dir (where to look for the latest checkpoint)");
   TORCH_CHECK_VALUE(resume().empty() || init_weights().empty(), "--resume '", resume(),

@@ -84,14 +84,16 @@ class TrainingRun {
 
     data_ = make_train_data(o, group_.get());
     checkpointer_ = std::make_unique<Checkpointer>(
-        CheckpointerOptions().dir(o.checkpoint_dir()).save_every(o.save_every()).keep_last(o.keep_last()).resume(o.resume()),
+        CheckpointerOptions().dir(o.checkpoint_dir()).save_every(o.save_every()).keep_last(o.keep_last()).resume(o.resume())
+            .format(o.checkpoint_format()).strategy(parallel::to_string(o.resolved_strategy(world_.world_size))),
         o.run_settings(world_.world_size), group_.get());
 
     // The weights are final before the strategy converts, broadcasts or shards them.
     auto model = data_->make_model(o, group_.get(), /*initial_weights=*/true);
     if (o.checkpoint_activations()) model->set_block_runner(parallel::checkpoint_block);
     const std::optional<Checkpoint> checkpoint = checkpointer_->load_resume(o.epochs());
-    if (checkpoint)
+    // A sharded checkpoint resumed shard by shard holds no full model: restore() loads the shards.
+    if (checkpoint && !checkpoint->model.isNone())
       models::load_state_dict(*model, checkpoint->model, "checkpoint '" + checkpointer_->resumed_from() + "' model");
     model->train();
     auto strategy_options = o.strategy_options(group_.get(), &profiler_);

@@ -19,7 +19,8 @@ struct WeightsSource {
 
 // Loads the weights in `path` into `model`, a fresh reference model `model_name`: a state dict file
 // (lockstep's --save-model or Python's torch.save(model.state_dict())) or a lockstep checkpoint of
-// any strategy that saves the full model (read and verified by train::load_checkpoint). Throws
+// any strategy (read and verified by train::load_checkpoint; a sharded checkpoint's directory is
+// put back together from its rank files). Throws
 // c10::Error naming the path: missing, unreadable or corrupt; a checkpoint of another model; or
 // weights that do not fit `model_name` (naming the reference model they do fit, if one does).
 WeightsSource load_weights(torch::nn::Module& model, const std::string& model_name, const std::string& path);

@@ -24,7 +24,8 @@ namespace lockstep::parallel {
 // parameters, and the next forward gathers them. Checkpoints: model_state_dict() gathers the
 // units one at a time into the unwrapped model's keys, and the optimizer state is saved in a
 // replica's per-parameter layout (Note [Consolidated optimizer state]), so fsdp, ddp, zero1,
-// zero2 and local resume each other's checkpoints on any number of ranks. Buffers (BatchNorm
+// zero2 and local resume each other's checkpoints on any number of ranks; sharded_state_dict()
+// saves each rank's shards without gathering (Note [Sharded state]). Buffers (BatchNorm
 // statistics) stay per rank, as in ZeRO. Precision: O0 and O1 (autocast; its cast cache keeps the
 // bf16 copies of a unit's weights until the forward ends); O2 and O3 are refused. Not combined
 // with activation checkpointing (the block runner is FSDP's).
@@ -46,6 +47,9 @@ class FsdpStrategy : public Strategy {
   // Collective: gathers the optimizer state of every shard.
   c10::impl::GenericDict training_state_dict() override;
   void load_training_state_dict(const c10::impl::GenericDict& state, const std::string& source) override;
+  // Each unit's parameter shard and optimizer state as this rank holds them; nothing gathered.
+  std::optional<ShardedState> sharded_state_dict() override;
+  void load_sharded_state_dict(const ShardedState& state, const std::string& source) override;
   // Parameters: the shards plus the largest unit's gathered parameters (held while it runs);
   // gradients: the shards' (a unit's full gradient is staged while its backward runs, as zero2's
   // buckets are); optimizer: the shards' state.
@@ -65,6 +69,8 @@ class FsdpStrategy : public Strategy {
   torch::Tensor run_model(const torch::Tensor& x);  // the forward, unit by unit
   void after_unit_forward(FsdpUnit& unit, const torch::Tensor& output);
   std::vector<const FlatParameters*> flats() const;
+  std::vector<ShardLayout> layouts() const;
+  std::vector<torch::Tensor> shards() const;
 
   torch::nn::AnyModule model_;
   std::shared_ptr<torch::nn::Module> module_;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "lockstep/core/step_profiler.h"
 #include "lockstep/dist/process_group.h"
 #include "lockstep/parallel/pipeline_schedule.h"
+#include "lockstep/parallel/sharded_state.h"
 
 namespace lockstep::parallel {
 
@@ -159,8 +161,21 @@ class Strategy {
   // Restores what training_state_dict() returned; `source` names it in errors.
   virtual void load_training_state_dict(const c10::impl::GenericDict& state, const std::string& source) = 0;
 
+  // The sharded form (Note [Sharded state], PyTorch's SHARDED_STATE_DICT): what this rank holds of
+  // the parameters and the optimizer state, as it holds it. Local: nothing is gathered. nullopt
+  // for a strategy without shards (every rank a replica, or a pipeline's stages).
+  virtual std::optional<ShardedState> sharded_state_dict() { return std::nullopt; }
+  // Restores what sharded_state_dict() returned on this rank of a run with the same strategy,
+  // world size and units. Collective for strategies whose ranks also keep the full parameters
+  // (zero1, zero2 all-gather the loaded shards). The default refuses, naming the strategy.
+  virtual void load_sharded_state_dict(const ShardedState& state, const std::string& source);
+
   virtual MemoryReport memory() const = 0;
 };
+
+// Whether the built-in strategy `kind` has a sharded form (Strategy::sharded_state_dict): fsdp,
+// zero1 and zero2.
+bool has_sharded_state(StrategyKind kind);
 
 // A built-in strategy over `model`. ddp, zero1, zero2 and fsdp need options.group().
 std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule model, StrategyOptions options);

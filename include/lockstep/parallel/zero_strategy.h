@@ -52,6 +52,10 @@ class ZeroStrategy : public Strategy {
   // Collective: gathers the optimizer state of every shard.
   c10::impl::GenericDict training_state_dict() override;
   void load_training_state_dict(const c10::impl::GenericDict& state, const std::string& source) override;
+  // This rank's shard of the flat parameters and its optimizer state; nothing gathered.
+  std::optional<ShardedState> sharded_state_dict() override;
+  // Collective: loads this rank's shard, then all-gathers the shards into every rank's weights.
+  void load_sharded_state_dict(const ShardedState& state, const std::string& source) override;
   MemoryReport memory() const override;
 
   const FlatParameters& flat_parameters() const { return *flat_; }

@@ -9,7 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/parallel/sharded_state.h"
+
 namespace lockstep::train {
+
+// How checkpoints are written (PyTorch's StateDictType): kFull, one file gathered on rank 0 that
+// torch.load reads whole; kSharded, every rank writes its own shards (Note [Sharded checkpoint
+// files]). Either resumes under any strategy.
+enum class CheckpointFormat { kFull, kSharded };
+const std::vector<std::string>& checkpoint_format_names();  // full, sharded
 
 // Where training stands when a checkpoint is taken; a resumed run continues from exactly here.
 struct TrainingPosition {
@@ -40,13 +48,27 @@ c10::impl::GenericDict string_dict();
 //   "model": state dict (name -> tensor, torch.load + load_state_dict accept it),
 //   "optimizer": PyTorch's optimizer.state_dict() layout (optim::optimizer_state_dict), "scaler": GradScaler.state_dict() ({} without loss scaling),
 //   "rng": [per-rank CPU generator state, uint8 tensors]
+// What a sharded checkpoint's metadata says (Note [Sharded checkpoint files]).
+struct ShardedCheckpointInfo {
+  std::string dir;        // DIR/step-<8 digits>
+  std::string strategy;   // the strategy that wrote it ("fsdp", "zero1", "zero2")
+  int64_t world_size = 0;  // one rank file per rank
+  std::vector<parallel::ShardLayout> layouts;
+  // Set when this rank resumes its own shards directly (same strategy and world size): its file's
+  // state and RNG. Otherwise the full entries of the Checkpoint are reassembled from every file.
+  std::optional<parallel::ShardedState> own;
+  torch::Tensor own_rng;
+};
+
 struct Checkpoint {
   TrainingPosition position;
   c10::impl::GenericDict run = string_dict();  // settings a resumed run must share (model, world size, ...)
+  // None for a sharded checkpoint until reassemble_sharded_checkpoint() fills them.
   c10::IValue model;
   c10::IValue optimizer;
   c10::IValue scaler;
   std::vector<torch::Tensor> rng;
+  std::optional<ShardedCheckpointInfo> sharded;  // set for a sharded checkpoint
 };
 
 // Writes atomically (temporary file, fsync, rename): a failure leaves a previous file at `path`
@@ -54,7 +76,8 @@ struct Checkpoint {
 void save_checkpoint(const Checkpoint& checkpoint, const std::string& path);
 
 // Reads a checkpoint; throws c10::Error naming the path and what is wrong with it (unreadable,
-// not a lockstep checkpoint, missing entries).
+// not a lockstep checkpoint, missing entries). For a sharded checkpoint (a directory) it reads the
+// metadata and checks that every rank file is there; see load_sharded_checkpoint.
 Checkpoint load_checkpoint(const std::string& path);
 
 // Throws c10::ValueError when `run` (this run's settings) differs from the checkpoint's in any
@@ -81,12 +104,18 @@ void check_same_run(const Checkpoint& checkpoint, const c10::impl::GenericDict& 
 // to print, "" when both are the checkpoint's.
 std::string adapt_position(Checkpoint& checkpoint, const c10::impl::GenericDict& run, const std::string& path);
 
-// Checkpoint files in a directory are named step-<8 digits>.pt by the optimizer step they hold.
+// Checkpoint files in a directory are named step-<8 digits>.pt by the optimizer step they hold;
+// sharded checkpoints are directories step-<8 digits>.
 std::string checkpoint_path(const std::string& dir, int64_t step);
-// Complete checkpoints in `dir`, oldest first (temporary files of interrupted writes are ignored).
+std::string sharded_checkpoint_path(const std::string& dir, int64_t step);
+// Whether `path` is a sharded checkpoint's directory (named step-<digits>, or holding metadata.pt).
+bool is_sharded_checkpoint(const std::string& path);
+// Checkpoints in `dir`, files and sharded directories, oldest first (temporary files of
+// interrupted writes are ignored; a sharded directory is listed even before its metadata is
+// written, and fails to load: see Note [Sharded checkpoint files]).
 std::vector<std::string> list_checkpoints(const std::string& dir);
 std::optional<std::string> latest_checkpoint(const std::string& dir);
-// Deletes all but the newest `keep_last` checkpoints (keep_last 0 keeps all).
+// Deletes all but the newest `keep_last` checkpoints, files or directories (keep_last 0 keeps all).
 void remove_old_checkpoints(const std::string& dir, int64_t keep_last);
 
 }  // namespace lockstep::train

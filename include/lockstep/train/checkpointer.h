@@ -19,12 +19,19 @@ struct CheckpointerOptions {
   TORCH_ARG(int64_t, save_every) = 0;   // also save every N optimizer steps; 0: at epoch ends only
   TORCH_ARG(int64_t, keep_last) = 0;    // newest checkpoints kept; 0: all
   TORCH_ARG(std::string, resume) = "";  // a checkpoint file, a directory (its newest), or "latest" (in dir)
+  // kSharded: every rank writes its own shards (Note [Sharded checkpoint files]); the strategy
+  // must have a sharded form (fsdp, zero1, zero2).
+  TORCH_ARG(CheckpointFormat, format) = CheckpointFormat::kFull;
+  // The name of the strategy this run trains with (Strategy::name()): a sharded checkpoint it
+  // wrote on as many ranks is resumed shard by shard, each rank reading only its own file.
+  TORCH_ARG(std::string, strategy) = "";
 };
 
 // When a run checkpoints, what a checkpoint holds, and how a run resumes from one. A checkpoint
 // holds the position, the run's settings, the strategy's model and training state, and every
-// rank's RNG, so a resumed run continues bit for bit. Rank 0 writes, atomically; a failed write
-// is reported and training goes on with the previous checkpoint intact. Rank 0 holds a lock on
+// rank's RNG, so a resumed run continues bit for bit. Rank 0 writes, atomically (sharded: every
+// rank writes its own file, Note [Sharded checkpoint files]); a failed write is reported and
+// training goes on with the previous checkpoint intact. Rank 0 holds a lock on
 // the directory for the whole run, so a second run on it is refused. Methods marked collective
 // must be called on every rank of the group.
 class Checkpointer {
@@ -48,7 +55,8 @@ class Checkpointer {
   // Whether to save once `step` optimizer steps are done, inside an epoch.
   bool due(int64_t step) const { return enabled() && options_.save_every() > 0 && step % options_.save_every() == 0; }
   // Collective: every rank contributes its RNG state and the strategy's training state (gathered
-  // from the shards under zero1/zero2); rank 0 writes and the others wait for it.
+  // from the shards under zero1/zero2); rank 0 writes and the others wait for it. Sharded: every
+  // rank writes its own file and rank 0 the metadata, last (Note [Sharded checkpoint files]).
   void save(const TrainingPosition& at, parallel::Strategy& strategy);
 
   // The checkpoint file this run resumed from, "" when it did not.
@@ -56,6 +64,10 @@ class Checkpointer {
 
  private:
   void check_same_position_on_all_ranks(const TrainingPosition& position);
+  void save_sharded(const TrainingPosition& at, parallel::Strategy& strategy);
+  // A sharded checkpoint this run resumes: this rank's own file when the strategy and the world
+  // size are the ones that wrote it, else the full form from every rank's file.
+  void read_sharded(Checkpoint& c);
   // The newest checkpoint in `dir` that loads (throws when none does); sets `path` to it.
   Checkpoint load_newest_readable(const std::string& dir, std::string& path);
   void refuse_existing_checkpoints();

@@ -12,6 +12,7 @@
 #include "lockstep/models/norm_layer.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/strategy.h"
+#include "lockstep/train/checkpoint.h"
 #include "lockstep/train/lr_schedule.h"
 
 namespace lockstep::train {
@@ -97,6 +98,9 @@ struct TrainOptions {
   TORCH_ARG(int64_t, save_every) = 0;                    // optimizer steps between saves; 0: epoch ends only
   TORCH_ARG(int64_t, keep_last) = 0;                     // newest checkpoints kept; 0: all
   TORCH_ARG(std::string, resume) = "";                   // checkpoint file, directory, or "latest" (in checkpoint_dir)
+  // full: one file gathered on rank 0; sharded: each rank writes its own shards (fsdp, zero1, zero2;
+  // see Note [Sharded checkpoint files]).
+  TORCH_ARG(CheckpointFormat, checkpoint_format) = CheckpointFormat::kFull;
   TORCH_ARG(std::string, init_weights) = "";             // state dict file to start from (lockstep or torch.save)
 
   // The optimizer step: k micro-batches of batch_size (DDP no_sync on all but the last), then
