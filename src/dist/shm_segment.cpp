@@ -117,7 +117,8 @@ std::unique_ptr<ShmSegment> ShmSegment::open(c10d::Store& store, int64_t rank, i
   } else {
     store.get("lockstep/shm/unlinked");  // the group exists only once the name is gone
   }
-  return all_mapped ? std::move(segment) : nullptr;
+  if (!all_mapped) return nullptr;
+  return segment;
 }
 
 }  // namespace lockstep::dist
