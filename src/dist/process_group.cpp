@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "lockstep/core/world.h"
+#include "shm_all_reduce.h"
 
 namespace lockstep::dist {
 namespace {
@@ -114,12 +115,14 @@ c10::intrusive_ptr<c10d::ProcessGroup> gloo_backend(const c10::intrusive_ptr<c10
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
                            c10::intrusive_ptr<c10d::ProcessGroup> backend,
-                           std::chrono::milliseconds timeout)
+                           std::chrono::milliseconds timeout, SharedMemory shared_memory)
     : store_(std::move(store)),
       backend_(std::move(backend)),
       timeout_(timeout),
       rank_(backend_->getRank()),
-      size_(backend_->getSize()) {}
+      size_(backend_->getSize()),
+      shared_memory_(shared_memory),
+      shm_(ShmAllReduce::create(*store_, rank_, size_, timeout_, shared_memory)) {}
 
 ProcessGroup::~ProcessGroup() = default;  // backend before store: members die in reverse order
 
@@ -173,14 +176,15 @@ void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   count_sent(2.0 * ring_share() * static_cast<double>(tensor.nbytes()));
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
-  wait(backend_->allreduce(ts, o), "all_reduce");
+  const bool shm = shm_ && ShmAllReduce::accepts(tensor, op);  // See Note [All-reduce through shared memory].
+  wait(shm ? shm_->all_reduce(tensor) : backend_->allreduce(ts, o), "all_reduce");
   if (op == ReduceOp::kMean) tensor.div_(size_);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(torch::Tensor& tensor) {
   std::vector<torch::Tensor> ts{tensor};
   count_sent(2.0 * ring_share() * static_cast<double>(tensor.nbytes()));
-  return backend_->allreduce(ts);
+  return shm_ && ShmAllReduce::accepts(tensor, ReduceOp::kSum) ? shm_->all_reduce(tensor) : backend_->allreduce(ts);
 }
 
 void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
@@ -342,7 +346,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
                 "] did not connect within ", seconds(timeout_), " s (", why.substr(0, why.find('\n')),
                 "); every rank must call new_group for the same subgroups in the same order");
   }
-  auto group = std::make_unique<ProcessGroup>(store, backend, timeout_);
+  auto group = std::make_unique<ProcessGroup>(store, backend, timeout_, shared_memory_);
   group->parent_ = this;
   group->parent_ranks_ = " (ranks " + c10::Join(", ", ranks) + " of the parent)";
   return group;
@@ -387,7 +391,8 @@ std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   store->setTimeout(options.timeout());
   rendezvous(*store, rank, world, options.timeout(), where);
 
-  return std::make_unique<ProcessGroup>(store, gloo_backend(store, rank, world, options.timeout()), options.timeout());
+  return std::make_unique<ProcessGroup>(store, gloo_backend(store, rank, world, options.timeout()), options.timeout(),
+                                        options.shared_memory());
 }
 
 }  // namespace lockstep::dist

@@ -16,6 +16,13 @@ namespace lockstep::dist {
 
 enum class ReduceOp { kSum, kMean, kMax, kMin };
 
+// Whether sum and mean all-reduces of ranks that share a host go through shared memory instead of
+// Gloo (see Note [All-reduce through shared memory] in src/dist/shm_all_reduce.cpp). kAuto: when
+// every rank of the group is on this host and none set LOCKSTEP_SHM=0.
+enum class SharedMemory { kAuto, kOff };
+
+class ShmAllReduce;
+
 struct InitOptions {
   // env:// (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, or mpirun/srun variables; see core/world.h),
   // tcp://HOST:PORT, or file://PATH (a file on a filesystem every rank sees).
@@ -25,14 +32,16 @@ struct InitOptions {
   TORCH_ARG(std::string, backend) = "auto";  // auto (nccl for CUDA LibTorch with NCCL, else gloo) | gloo | nccl
   // Applies to the rendezvous and to every collective; nothing waits longer.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
+  TORCH_ARG(SharedMemory, shared_memory) = SharedMemory::kAuto;
 };
 
 // One process's membership in a group of ranks: the store, the c10d backend, and the collectives
 // users need. Owned (RAII): destroying it tears the group down. No globals.
 class ProcessGroup {
  public:
+  // Collective over the group: with kAuto, every rank maps the shared-memory segment here.
   ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> backend,
-               std::chrono::milliseconds timeout);
+               std::chrono::milliseconds timeout, SharedMemory shared_memory = SharedMemory::kOff);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -41,9 +50,14 @@ class ProcessGroup {
   int64_t size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  // Whether sum and mean all-reduces of contiguous CPU floats go through shared memory (see Note
+  // [All-reduce through shared memory]); the same on every rank. Nothing else changes with it.
+  bool uses_shared_memory() const { return shm_ != nullptr; }
+
   // In place, on every rank. kMean divides the sum by size().
   void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
-  // Starts a sum all-reduce and returns at once; wait() on the result. For overlap (DDP).
+  // Starts a sum all-reduce and returns at once; wait() on the result. For overlap (DDP). Like
+  // every collective, every rank issues the same ones in the same order.
   c10::intrusive_ptr<c10d::Work> all_reduce_async(torch::Tensor& tensor);
   // Starts an all-gather of `tensor` into `out` (size() tensors shaped like it); wait() on the result.
   c10::intrusive_ptr<c10d::Work> all_gather_async(const torch::Tensor& tensor, std::vector<torch::Tensor>& out);
@@ -129,6 +143,8 @@ class ProcessGroup {
   ProcessGroup* parent_ = nullptr;  // a subgroup's (see Note [Subgroups])
   std::string parent_ranks_;        // a subgroup's, for errors: " (ranks 1, 3 of the parent)"
   int64_t subgroups_made_ = 0;
+  SharedMemory shared_memory_;
+  std::unique_ptr<ShmAllReduce> shm_;  // last: its worker stops before the rest goes
 };
 
 // Joins (or, on rank 0 with tcp:// and env://, hosts) the rendezvous and builds the backend.

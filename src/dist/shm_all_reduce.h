@@ -1,0 +1,99 @@
+#pragma once
+// The intra-host all-reduce behind dist::ProcessGroup; see Note [All-reduce through shared memory]
+// in shm_all_reduce.cpp. Internal to src/dist: users reach it through ProcessGroup::all_reduce.
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "lockstep/dist/process_group.h"
+#include "shm_segment.h"
+
+namespace lockstep::dist {
+
+// A Work whose wait() gives the worker's own error, which names who did not arrive, the time to
+// arrive: the worker fails every collective by its deadline, so waiting a moment past it suffices.
+class ShmWork : public c10d::Work {
+ public:
+  ShmWork(int rank, torch::Tensor tensor, std::chrono::steady_clock::time_point deadline)
+      : c10d::Work(rank, c10d::OpType::ALLREDUCE), tensor_(std::move(tensor)), deadline_(deadline) {}
+
+  void complete(std::exception_ptr error) { finish(std::move(error)); }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    constexpr auto kGrace = std::chrono::seconds(1);
+    const auto last = deadline_ + kGrace;
+    const auto until = timeout == kNoTimeout ? last : std::max(std::chrono::steady_clock::now() + timeout, last);
+    std::unique_lock<std::mutex> lock(mutex_);
+    TORCH_CHECK(cv_.wait_until(lock, until, [&] { return completed_; }),
+                "a shared-memory all-reduce did not finish by its deadline");
+    if (exception_) std::rethrow_exception(exception_);
+    return true;
+  }
+
+  std::vector<at::Tensor> result() override { return {tensor_}; }
+
+ private:
+  torch::Tensor tensor_;
+  std::chrono::steady_clock::time_point deadline_;
+};
+
+class ShmAllReduce {
+ public:
+  // Collective over the group (see ShmSegment::open): nullptr on every rank when the ranks cannot
+  // share memory, or do not all want to.
+  static std::unique_ptr<ShmAllReduce> create(c10d::Store& store, int64_t rank, int64_t size,
+                                              std::chrono::milliseconds timeout, SharedMemory mode);
+  ~ShmAllReduce();
+  ShmAllReduce(const ShmAllReduce&) = delete;
+  ShmAllReduce& operator=(const ShmAllReduce&) = delete;
+
+  // Whether all_reduce takes `tensor` with `op`: contiguous CPU fp32/fp64/fp16/bf16, kSum or kMean.
+  static bool accepts(const torch::Tensor& tensor, ReduceOp op);
+  // Queues a sum all-reduce of `tensor` in place and returns at once; collectives run in issue order.
+  c10::intrusive_ptr<c10d::Work> all_reduce(const torch::Tensor& tensor);
+
+ private:
+  struct Job {
+    torch::Tensor tensor;
+    c10::intrusive_ptr<ShmWork> work;
+    uint64_t seq = 0;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  ShmAllReduce(std::unique_ptr<ShmSegment> segment, int64_t rank, int64_t size, std::chrono::milliseconds timeout);
+  void work_loop();
+  void run(const Job& job);
+  void announce();
+  // Waits until every rank has announced as many steps as this one; `step` says what they bring.
+  void await_all(const Job& job, int64_t chunk, int64_t chunks, const char* step);
+  void check_shapes(const Job& job);
+  void sum_slice(const Job& job, int64_t begin, int64_t count);
+  void abandon();
+
+  std::unique_ptr<ShmSegment> segment_;
+  int64_t rank_;
+  int64_t size_;
+  std::chrono::milliseconds timeout_;
+  uint32_t stage_ = 0;  // steps this rank has announced (two per chunk); wraps
+  std::string failure_;  // the first failed collective's error: later ones fail with it
+  std::atomic<bool> aborting_{false};
+
+  std::mutex mutex_;
+  std::condition_variable queued_;
+  std::deque<Job> queue_;
+  uint64_t issued_ = 0;
+  bool stopping_ = false;
+  std::thread worker_;  // last: started when everything above exists
+};
+
+}  // namespace lockstep::dist
