@@ -37,21 +37,30 @@ struct UnitPlan {
 };
 
 // See Note [FSDP as a strategy]: consecutive blocks joined until they hold min_params parameters;
-// a short tail joins the unit before it. Every parameter must be in exactly one block, and the
-// units must list them in the model's order (the per-parameter layout of saved optimizer state).
+// a short tail joins the unit before it. Every parameter must be in a block, and the units must
+// list them in the model's order (the per-parameter layout of saved optimizer state). A parameter
+// that several blocks use (gpt-mini's tied embedding: its first block and its last) keeps the unit
+// of its first use open through its last, so one unit holds it and every use sees it gathered, as
+// PyTorch's FSDP puts a shared parameter in the smallest wrapper around all its users.
 std::vector<UnitPlan> plan_units(torch::nn::Module& module, const std::vector<models::Block>& blocks,
                                  int64_t min_params, int64_t rank) {
   const auto named = module.named_parameters();
   std::unordered_map<const void*, size_t> index;  // TensorImpl -> position in named_parameters()
   for (size_t i = 0; i < named.size(); ++i) index.emplace(named[i].value().unsafeGetTensorImpl(), i);
+  std::unordered_map<const void*, size_t> last_use;  // TensorImpl -> the last block that lists it
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (const torch::Tensor& p : models::block_parameters(blocks[b])) last_use[p.unsafeGetTensorImpl()] = b;
   std::vector<UnitPlan> plans;
   UnitPlan open;
-  size_t next = 0;  // the model index the next parameter must have
-  for (const models::Block& block : blocks) {
+  size_t open_until = 0;  // the open unit may not close before this block
+  size_t next = 0;        // the model index the next parameter must have
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const models::Block& block = blocks[b];
     const std::vector<torch::Tensor> params = models::block_parameters(block);
     if (params.empty()) continue;
     for (const torch::Tensor& p : params) {
       auto it = index.find(p.unsafeGetTensorImpl());
+      if (it != index.end() && it->second < next) continue;  // an earlier block's, in the open unit
       TORCH_CHECK_VALUE(it != index.end() && it->second == next, "rank ", rank, ": fsdp cannot shard this model by its ",
                         "blocks: block '", block.name, "' uses ",
                         it == index.end() ? std::string("a tensor that is not a parameter of the model")
@@ -59,10 +68,11 @@ std::vector<UnitPlan> plan_units(torch::nn::Module& module, const std::vector<mo
                         " where the blocks should next hold '", next < named.size() ? named[next].key() : "nothing",
                         "'; the blocks must hold every parameter once, in the model's parameter order");
       open.params.emplace_back(named[next].key(), p);
+      open_until = std::max(open_until, last_use.at(p.unsafeGetTensorImpl()));
       ++next;
     }
     open.blocks.push_back(block.name);
-    if (numel(open.params) >= min_params) plans.push_back(std::exchange(open, UnitPlan()));
+    if (numel(open.params) >= min_params && b >= open_until) plans.push_back(std::exchange(open, UnitPlan()));
   }
   if (!open.params.empty()) {
     if (plans.empty()) {

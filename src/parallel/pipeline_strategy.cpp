@@ -237,7 +237,8 @@ double PipelineStrategy::forward_backward(const std::vector<MicroBatch>& micro_b
   }
   stale_ = true;
   // The loss lives on each replica's last stage; every rank returns their mean (NaN stays NaN).
-  if (group_) {
+  if (group_) {  // a stage done early waits here for the others' last backward: idle, so sync
+    auto phase = profiler_->scope(Phase::kSync);
     torch::Tensor sum = torch::tensor({last ? total : 0.0}, torch::kFloat64);
     group_->all_reduce(sum);
     total = sum.item<double>() / static_cast<double>(replicas_);
@@ -289,6 +290,7 @@ StepDecision PipelineStrategy::step() {
   double non_finite = all_finite(owned) ? 0.0 : 1.0, squares = 0.0;
   for (const auto& g : owned) squares += g.to(torch::kFloat64).pow(2).sum().item<double>();
   if (group_) {  // every replica holds the same averaged gradients: count each stage once
+    auto phase = profiler_->scope(Phase::kSync);
     torch::Tensor v = torch::tensor({non_finite, squares}, torch::kFloat64);
     group_->all_reduce(v);
     non_finite = v[0].item<double>() / static_cast<double>(replicas_);

@@ -1,5 +1,5 @@
 // `lockstep train --model gpt-mini` on text under `lockstep run`: two real processes over Gloo
-// against one process, for every data-parallel strategy.
+// against one process, for every data-parallel and sharding strategy.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -31,14 +31,15 @@ void expect_close(const std::string& a_path, const std::string& b_path, double t
   }
 }
 
-// 2 ranks x 8 sequences == 1 process x 16, under ddp, zero1 and zero2.
+// 2 ranks x 8 sequences == 1 process x 16, under ddp, zero1, zero2 and fsdp (whose one unit
+// holds the tied embedding, used by the first block and the last).
 TEST(TextDistributedTrain, TwoRanksOfEachStrategyEndWhereOneProcessWithDoubleBatchEnds) {
   testing::TempDir dir;
   testing::write_grammar_corpus(dir / "corpus.txt", 200);
   const std::string fp32 = " --epochs 1 --lr 0.003";
   auto one = testing::run_command(kCli + text_train(dir, fp32 + " --batch-size 16 --save-model " + (dir / "one.pt")));
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  for (const std::string strategy : {"ddp", "zero1", "zero2"}) {
+  for (const std::string strategy : {"ddp", "zero1", "zero2", "fsdp"}) {
     auto two = testing::run_command(kCli + " run --nproc-per-node 2 -- " + kCli +
                                     text_train(dir, fp32 + " --batch-size 8 --strategy " + strategy + " --save-model " +
                                                         (dir / (strategy + ".pt"))));
