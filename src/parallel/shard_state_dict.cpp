@@ -5,6 +5,7 @@
 #include <map>
 #include <vector>
 
+#include "lockstep/core/ivalue_dict.h"
 #include "lockstep/optim/state_dict.h"
 
 namespace lockstep::parallel {
@@ -13,19 +14,6 @@ namespace {
 using c10::IValue;
 using GenericDict = c10::impl::GenericDict;
 using TensorDict = c10::Dict<std::string, torch::Tensor>;
-
-GenericDict string_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
-
-IValue entry(const GenericDict& dict, const std::string& key, const std::string& where) {
-  auto it = dict.find(key);
-  TORCH_CHECK(it != dict.end(), where, " has no '", key, "' entry");
-  return it->value();
-}
-
-GenericDict as_dict(const IValue& v, const std::string& where) {
-  TORCH_CHECK(v.isGenericDict(), where, " is not a dict but a ", v.tagKind());
-  return v.toGenericDict();
-}
 
 // The one param group of a shard optimizer, or of a saved state, with "params" set to `params`.
 GenericDict single_group(const IValue& groups_value, c10::List<int64_t> params, const std::string& where) {
@@ -119,7 +107,7 @@ GenericDict shard_state_entry(const FlatParameters& flat, const std::vector<Gene
     }
     std::vector<torch::Tensor> tensors;
     for (int64_t i = 0; i < count; ++i) {
-      const IValue v = entry(per_param[i], key, where + " of parameter '" + flat.names()[i] + "'");
+      const IValue v = dict_entry(per_param[i], key, where + " of parameter '" + flat.names()[i] + "'");
       TORCH_CHECK(v.isTensor(), where, " of parameter '", flat.names()[i], "': '", key, "' must be a tensor, got ",
                   v.tagKind());
       tensors.push_back(v.toTensor().to(torch::kFloat));
@@ -139,9 +127,9 @@ void load_sharded_optimizer_state_dict(torch::optim::Optimizer& shard_optimizer,
   const std::string where = source + " optimizer state";
   const GenericDict dict = as_dict(value, where);
   const int64_t count = parameter_count(flats);
-  const GenericDict group = single_group(entry(dict, "param_groups", where),
+  const GenericDict group = single_group(dict_entry(dict, "param_groups", where),
                                          numbers(static_cast<int64_t>(flats.size())), where);
-  const auto listed = entry(as_dict(entry(dict, "param_groups", where).toListRef()[0], where), "params", where);
+  const auto listed = dict_entry(as_dict(dict_entry(dict, "param_groups", where).toListRef()[0], where), "params", where);
   TORCH_CHECK(listed.isList() && static_cast<int64_t>(listed.toListRef().size()) == count, where, " lists ",
               listed.isList() ? std::to_string(listed.toListRef().size()) : listed.tagKind(),
               " parameters but the model has ", count, " (was it saved from a different model?)");
@@ -151,7 +139,7 @@ void load_sharded_optimizer_state_dict(torch::optim::Optimizer& shard_optimizer,
     TORCH_CHECK(n.isInt(), where, ": 'params' must hold ints, got ", n.tagKind());
     saved_numbers.push_back(n.toInt());
   }
-  const GenericDict saved_state = as_dict(entry(dict, "state", where), where + " 'state'");
+  const GenericDict saved_state = as_dict(dict_entry(dict, "state", where), where + " 'state'");
 
   GenericDict shard_state(c10::IntType::get(), c10::AnyType::get());
   int64_t first = 0;
@@ -188,8 +176,8 @@ GenericDict sharded_training_state_dict(const torch::optim::Optimizer& shard_opt
 void load_sharded_training_state_dict(torch::optim::Optimizer& shard_optimizer,
                                       const std::vector<const FlatParameters*>& flats, amp::GradScaler& scaler,
                                       const GenericDict& state, const std::string& source) {
-  load_sharded_optimizer_state_dict(shard_optimizer, flats, entry(state, "optimizer", source), source);
-  if (scaler.is_enabled()) scaler.load_state_dict(entry(state, "scaler", source).toGenericDict());
+  load_sharded_optimizer_state_dict(shard_optimizer, flats, dict_entry(state, "optimizer", source), source);
+  if (scaler.is_enabled()) scaler.load_state_dict(dict_entry(state, "scaler", source).toGenericDict());
 }
 
 }  // namespace lockstep::parallel

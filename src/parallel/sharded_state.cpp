@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "lockstep/core/ivalue_dict.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/optim/state_dict.h"
 
@@ -14,19 +15,6 @@ namespace {
 using c10::IValue;
 using GenericDict = c10::impl::GenericDict;
 using TensorDict = c10::Dict<std::string, torch::Tensor>;
-
-GenericDict string_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
-
-IValue entry(const GenericDict& dict, const std::string& key, const std::string& where) {
-  auto it = dict.find(key);
-  TORCH_CHECK(it != dict.end(), where, " has no '", key, "' entry");
-  return it->value();
-}
-
-GenericDict as_dict(const IValue& v, const std::string& where) {
-  TORCH_CHECK(v.isGenericDict(), where, " is not a dict but a ", v.tagKind());
-  return v.toGenericDict();
-}
 
 int64_t as_int(const IValue& v, const std::string& where) {
   TORCH_CHECK(v.isInt(), where, " must be an int, got ", v.tagKind());
@@ -87,7 +75,7 @@ torch::Tensor joined(const std::vector<torch::Tensor>& pieces, const ShardLayout
 }
 
 GenericDict optimizer_state_of(const ShardedState& s, const std::string& where) {
-  return as_dict(entry(as_dict(s.optimizer, where), "state", where), where + " 'state'");
+  return as_dict(dict_entry(as_dict(s.optimizer, where), "state", where), where + " 'state'");
 }
 
 }  // namespace
@@ -136,15 +124,15 @@ std::vector<ShardLayout> layouts_from_ivalue(const IValue& value, const std::str
     const std::string where = source + " unit " + std::to_string(out.size());
     const GenericDict d = as_dict(item, where);
     ShardLayout l;
-    const IValue name = entry(d, "name", where);
+    const IValue name = dict_entry(d, "name", where);
     TORCH_CHECK(name.isString(), where, ": 'name' must be a string, got ", name.tagKind());
     l.name = name.toStringRef();
-    l.params = strings(entry(d, "params", where), where + " 'params'");
-    const IValue shapes = entry(d, "shapes", where);
+    l.params = strings(dict_entry(d, "params", where), where + " 'params'");
+    const IValue shapes = dict_entry(d, "shapes", where);
     TORCH_CHECK(shapes.isList(), where, ": 'shapes' must be a list, got ", shapes.tagKind());
     for (const IValue& shape : shapes.toListRef()) l.shapes.push_back(ints(shape, where + " 'shapes'"));
-    l.offsets = ints(entry(d, "offsets", where), where + " 'offsets'");
-    l.shard_numel = as_int(entry(d, "shard_numel", where), where + " 'shard_numel'");
+    l.offsets = ints(dict_entry(d, "offsets", where), where + " 'offsets'");
+    l.shard_numel = as_int(dict_entry(d, "shard_numel", where), where + " 'shard_numel'");
     TORCH_CHECK(l.shapes.size() == l.params.size() && l.offsets.size() == l.params.size() && l.shard_numel >= 0,
                 where, " lists ", l.params.size(), " parameters, ", l.shapes.size(), " shapes and ", l.offsets.size(),
                 " offsets: it is damaged");
@@ -171,22 +159,22 @@ GenericDict sharded_state_to_dict(const ShardedState& s) {
 ShardedState sharded_state_from_dict(const IValue& value, const std::string& source) {
   const GenericDict d = as_dict(value, source);
   ShardedState s;
-  s.rank = as_int(entry(d, "rank", source), source + " 'rank'");
-  s.world_size = as_int(entry(d, "world_size", source), source + " 'world_size'");
-  s.layouts = layouts_from_ivalue(entry(d, "units", source), source);
-  const GenericDict shards = as_dict(entry(d, "shards", source), source + " 'shards'");
+  s.rank = as_int(dict_entry(d, "rank", source), source + " 'rank'");
+  s.world_size = as_int(dict_entry(d, "world_size", source), source + " 'world_size'");
+  s.layouts = layouts_from_ivalue(dict_entry(d, "units", source), source);
+  const GenericDict shards = as_dict(dict_entry(d, "shards", source), source + " 'shards'");
   for (const ShardLayout& l : s.layouts) {
-    const IValue t = entry(shards, l.name, source + " 'shards'");
+    const IValue t = dict_entry(shards, l.name, source + " 'shards'");
     TORCH_CHECK(t.isTensor(), source, ": the shard of unit '", l.name, "' is not a tensor but a ", t.tagKind());
     s.shards.push_back(t.toTensor());
   }
-  s.optimizer = entry(d, "optimizer", source);
-  s.scaler = entry(d, "scaler", source);
-  for (const auto& item : as_dict(entry(d, "buffers", source), source + " 'buffers'")) {
+  s.optimizer = dict_entry(d, "optimizer", source);
+  s.scaler = dict_entry(d, "scaler", source);
+  for (const auto& item : as_dict(dict_entry(d, "buffers", source), source + " 'buffers'")) {
     TORCH_CHECK(item.key().isString() && item.value().isTensor(), source, ": 'buffers' must map names to tensors");
     s.buffers.insert(item.key().toStringRef(), item.value().toTensor());
   }
-  s.model_keys = strings(entry(d, "model_keys", source), source + " 'model_keys'");
+  s.model_keys = strings(dict_entry(d, "model_keys", source), source + " 'model_keys'");
   return s;
 }
 
@@ -300,7 +288,7 @@ ConsolidatedState consolidate_sharded_states(const std::vector<ShardedState>& ra
           auto theirs = states[r].find(static_cast<int64_t>(k));
           TORCH_CHECK(theirs != states[r].end(), where, ": rank ", r, " has no state for unit '", layout.name,
                       "' but rank 0 has; the rank files are not from one save");
-          pieces.push_back(entry(as_dict(theirs->value(), where), key, where + " of rank " + std::to_string(r)).toTensor());
+          pieces.push_back(dict_entry(as_dict(theirs->value(), where), key, where + " of rank " + std::to_string(r)).toTensor());
         }
         const std::vector<torch::Tensor> cut_state = cut(joined(pieces, layout, "'" + key + "'", where), layout);
         for (int64_t i = 0; i < n; ++i) entries[i].insert(key, cut_state[i]);
@@ -310,7 +298,7 @@ ConsolidatedState consolidate_sharded_states(const std::vector<ShardedState>& ra
     first += n;
   }
   const GenericDict rank0 = as_dict(ranks[0].optimizer, where);
-  const IValue groups_value = entry(rank0, "param_groups", where);
+  const IValue groups_value = dict_entry(rank0, "param_groups", where);
   TORCH_CHECK(groups_value.isList() && groups_value.toListRef().size() == 1, where,
               ": the shard optimizer must have one parameter group");
   GenericDict group = string_dict();

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/ivalue_dict.h"
 #include "lockstep/core/torch_load.h"
 #include "lockstep/train/sharded_checkpoint.h"
 
@@ -25,14 +26,7 @@ constexpr const char* kSuffix = ".pt";
 
 // The entry `key` of `dict`, or an error naming what is missing from where.
 IValue entry(const GenericDict& dict, const std::string& key, const std::string& source) {
-  auto it = dict.find(key);
-  TORCH_CHECK(it != dict.end(), source, " has no '", key, "' entry: it is not a complete lockstep checkpoint");
-  return it->value();
-}
-
-GenericDict as_dict(const IValue& v, const std::string& what) {
-  TORCH_CHECK(v.isGenericDict(), what, " is not a dict but a ", v.tagKind());
-  return v.toGenericDict();
+  return dict_entry(dict, key, source, ": it is not a complete lockstep checkpoint");
 }
 
 // Step number of a checkpoint file name (step-N.pt), or of a sharded checkpoint's directory name
@@ -48,7 +42,6 @@ int64_t step_of(const std::string& name, bool directory = false) {
     return -1;
   return std::stoll(digits);
 }
-
 
 // The entries of an unpickled checkpoint; see load_checkpoint.
 Checkpoint parse_checkpoint(const IValue& top_value, const std::string& source) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/ivalue_dict.h"
 #include "lockstep/core/torch_load.h"
 
 namespace lockstep::train {
@@ -18,9 +19,7 @@ using GenericDict = c10::impl::GenericDict;
 constexpr const char* kFormat = "lockstep-sharded-checkpoint-1";
 
 IValue entry(const GenericDict& dict, const std::string& key, const std::string& source) {
-  auto it = dict.find(key);
-  TORCH_CHECK(it != dict.end(), source, " has no '", key, "' entry: it is not a complete lockstep sharded checkpoint");
-  return it->value();
+  return dict_entry(dict, key, source, ": it is not a complete lockstep sharded checkpoint");
 }
 
 // The dict in a torch.save file, with its format checked; errors name `source`.
