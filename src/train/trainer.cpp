@@ -97,7 +97,7 @@ class TrainingRun {
       models::load_state_dict(*model, checkpoint->model, "checkpoint '" + checkpointer_->resumed_from() + "' model");
     model->train();
     auto strategy_options = o.strategy_options(group_.get(), &profiler_);
-    if (o.strategy() == parallel::StrategyKind::kPipeline && o.balance() == parallel::PipelineBalance::kTime) {
+    if (o.balance() == parallel::PipelineBalance::kTime) {  // validate(): only with --strategy pipeline
       // Note [Balancing stages by time]: one pipeline micro-batch of the first training batch.
       const torch::Tensor input = data_->micro_batch(data_->micro_batches(0, 1, 0).front()).first.input;
       const int64_t rows = (input.size(0) + o.micro_batches() - 1) / o.micro_batches();
