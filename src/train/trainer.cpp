@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 
+#include "lockstep/core/heap.h"
 #include "lockstep/core/names.h"
 #include "lockstep/core/process.h"
 #include "lockstep/core/tensor_memory.h"
@@ -71,6 +72,7 @@ class TrainingRun {
   explicit TrainingRun(const TrainOptions& o)
       : o_(o), world_(world_from_env()), leader_(world_.rank == 0),
         profiler_(StepProfilerOptions().enabled(o.profile() || !o.trace().empty())) {
+    configure_heap();  // See Note [Keeping freed memory for the next step]
     result_.threads = o.threads() > 0 ? o.threads() : default_intra_op_threads();
     torch::set_num_threads(static_cast<int>(result_.threads));
     if (o.report_memory()) tensor_memory_.emplace();  // strategies that count activations read it
