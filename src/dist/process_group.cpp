@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "lockstep/core/world.h"
-#include "shm_all_reduce.h"
+#include "shm_collectives.h"
 
 namespace lockstep::dist {
 namespace {
@@ -122,7 +122,7 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
       rank_(backend_->getRank()),
       size_(backend_->getSize()),
       shared_memory_(shared_memory),
-      shm_(ShmAllReduce::create(*store_, rank_, size_, timeout_, shared_memory)) {}
+      shm_(ShmCollectives::create(*store_, rank_, size_, timeout_, shared_memory)) {}
 
 ProcessGroup::~ProcessGroup() = default;  // backend before store: members die in reverse order
 
@@ -176,7 +176,7 @@ void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   count_sent(2.0 * ring_share() * static_cast<double>(tensor.nbytes()));
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
-  const bool shm = shm_ && ShmAllReduce::accepts(tensor, op);  // See Note [All-reduce through shared memory].
+  const bool shm = shm_ && ShmCollectives::accepts(tensor, op);  // See Note [Collectives through shared memory].
   wait(shm ? shm_->all_reduce(tensor) : backend_->allreduce(ts, o), "all_reduce");
   if (op == ReduceOp::kMean) tensor.div_(size_);
 }
@@ -184,7 +184,7 @@ void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
 c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(torch::Tensor& tensor) {
   std::vector<torch::Tensor> ts{tensor};
   count_sent(2.0 * ring_share() * static_cast<double>(tensor.nbytes()));
-  return shm_ && ShmAllReduce::accepts(tensor, ReduceOp::kSum) ? shm_->all_reduce(tensor) : backend_->allreduce(ts);
+  return shm_ && ShmCollectives::accepts(tensor, ReduceOp::kSum) ? shm_->all_reduce(tensor) : backend_->allreduce(ts);
 }
 
 void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
@@ -193,7 +193,8 @@ void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
   count_sent(ring_share() * static_cast<double>(tensor.nbytes()));
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  wait(backend_->broadcast(ts, o), "broadcast");
+  const bool shm = shm_ && ShmCollectives::accepts_broadcast(tensor);  // See Note [Collectives through shared memory].
+  wait(shm ? shm_->broadcast(tensor, root) : backend_->broadcast(ts, o), "broadcast");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::all_gather_async(const torch::Tensor& tensor,

@@ -1,4 +1,4 @@
-// See Note [All-reduce through shared memory] in shm_all_reduce.cpp.
+// See Note [Collectives through shared memory] in shm_collectives.cpp.
 #include "shm_segment.h"
 
 #include <c10/util/StringUtil.h>

@@ -1,7 +1,7 @@
 #pragma once
 // The shared-memory segment of one group's intra-host all-reduce: how ranks find out that they
 // share a host, and how the segment is made, mapped and unlinked. The algorithm that uses it is in
-// shm_all_reduce.cpp; see Note [All-reduce through shared memory] there.
+// shm_collectives.cpp; see Note [Collectives through shared memory] there.
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -25,10 +25,11 @@ struct alignas(kShmLine) ShmGroupLine {
 };
 
 struct alignas(kShmLine) ShmRankLine {
-  std::atomic<uint32_t> stage;    // steps this rank announced (see Note [All-reduce through shared memory])
+  std::atomic<uint32_t> stage;    // steps this rank announced (see Note [Collectives through shared memory])
   std::atomic<uint32_t> waiters;  // threads of other ranks asleep on `stage`
-  std::atomic<uint64_t> seq;      // the collective this rank is in; with numel and dtype, for the shape check
+  std::atomic<uint64_t> seq;      // the collective this rank is in; with numel, root and dtype, for the shape check
   int64_t numel;
+  int64_t root;                   // a broadcast's source rank, or -1 for an all-reduce
   int32_t dtype;
   int32_t pid;
 };

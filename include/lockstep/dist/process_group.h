@@ -16,12 +16,12 @@ namespace lockstep::dist {
 
 enum class ReduceOp { kSum, kMean, kMax, kMin };
 
-// Whether sum and mean all-reduces of ranks that share a host go through shared memory instead of
-// Gloo (see Note [All-reduce through shared memory] in src/dist/shm_all_reduce.cpp). kAuto: when
+// Whether sum and mean all-reduces and broadcasts of ranks that share a host go through shared
+// memory instead of Gloo (see Note [Collectives through shared memory] in src/dist/shm_collectives.cpp). kAuto: when
 // every rank of the group is on this host and none set LOCKSTEP_SHM=0.
 enum class SharedMemory { kAuto, kOff };
 
-class ShmAllReduce;
+class ShmCollectives;
 
 struct InitOptions {
   // env:// (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, or mpirun/srun variables; see core/world.h),
@@ -50,8 +50,9 @@ class ProcessGroup {
   int64_t size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
-  // Whether sum and mean all-reduces of contiguous CPU floats go through shared memory (see Note
-  // [All-reduce through shared memory]); the same on every rank. Nothing else changes with it.
+  // Whether sum and mean all-reduces of contiguous CPU floats and broadcasts of contiguous CPU
+  // tensors go through shared memory (see Note [Collectives through shared memory]); the same on
+  // every rank. Nothing else changes with it.
   bool uses_shared_memory() const { return shm_ != nullptr; }
 
   // In place, on every rank. kMean divides the sum by size().
@@ -144,7 +145,7 @@ class ProcessGroup {
   std::string parent_ranks_;        // a subgroup's, for errors: " (ranks 1, 3 of the parent)"
   int64_t subgroups_made_ = 0;
   SharedMemory shared_memory_;
-  std::unique_ptr<ShmAllReduce> shm_;  // last: its worker stops before the rest goes
+  std::unique_ptr<ShmCollectives> shm_;  // last: its worker stops before the rest goes
 };
 
 // Joins (or, on rank 0 with tcp:// and env://, hosts) the rendezvous and builds the backend.

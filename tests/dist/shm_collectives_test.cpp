@@ -1,7 +1,8 @@
-// Note [All-reduce through shared memory] on real ranks (threads of this process, each with its own
-// process group, as multi_rank.h runs them): results against Gloo's, async collectives in flight
-// beside Gloo ones, the ranks named when one does not arrive, the segment's name gone from /dev/shm.
-#include "../../src/dist/shm_all_reduce.h"
+// Note [Collectives through shared memory] on real ranks (threads of this process, each with its own
+// process group, as multi_rank.h runs them): all-reduces and broadcasts against Gloo's, async
+// collectives in flight beside Gloo ones, the ranks named when one does not arrive or issues another
+// collective, the segment's name gone from /dev/shm.
+#include "../../src/dist/shm_collectives.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -112,9 +113,10 @@ TEST(ShmAllReduce, SixteenBitFloatsAreSummedInFp32AndRoundedOnce) {
   });
 }
 
-// DDP's pattern: several all_reduce_async in flight at once with Gloo collectives (broadcasts) of
-// the same group issued between them; waited in order, each holds its own sum.
-TEST(ShmAllReduce, AsyncAllReducesInFlightBesideGlooCollectives) {
+// DDP's pattern: several all_reduce_async in flight at once, with a broadcast (through shared
+// memory too, queued behind them) and a Gloo collective (an all-gather) of the same group issued
+// between them; waited in order, each holds its own sum.
+TEST(ShmAllReduce, AsyncAllReducesInFlightBesideBroadcastsAndGlooCollectives) {
   run_ranks(2, [](int64_t rank, ProcessGroup& pg) {
     ASSERT_TRUE(pg.uses_shared_memory());
     const std::vector<int64_t> sizes{3, kSlotFloats + 1, 1000, 1, 0};
@@ -126,6 +128,8 @@ TEST(ShmAllReduce, AsyncAllReducesInFlightBesideGlooCollectives) {
       torch::Tensor b = rank == 0 ? torch::arange(5, torch::kFloat) + static_cast<float>(i) : torch::zeros({5});
       pg.broadcast(b, 0);
       EXPECT_TRUE(torch::equal(b, torch::arange(5, torch::kFloat) + static_cast<float>(i))) << i;
+      const auto gathered = pg.all_gather(torch::full({2}, static_cast<int64_t>(10 * i) + rank, torch::kLong));
+      EXPECT_TRUE(torch::equal(gathered[1] - gathered[0], torch::ones({2}, torch::kLong))) << i;
     }
     for (size_t i = 0; i < sizes.size(); ++i) {
       pg.wait(works[i], "an all-reduce in flight");
@@ -192,9 +196,52 @@ TEST(ShmAllReduce, DifferentSizesOnTwoRanksAreNamed) {
     torch::Tensor t = torch::ones({4 + rank});
     messages[rank] = testing::error_message([&] { pg.all_reduce(t); });
   }, std::chrono::seconds(5));
-  EXPECT_THAT(messages[0], HasSubstr("this rank has 4 Float elements but rank 1 has 5 Float"));
-  EXPECT_THAT(messages[1], HasSubstr("this rank has 5 Float elements but rank 0 has 4 Float"));
-  EXPECT_THAT(messages[0], HasSubstr("every rank must all-reduce tensors of the same size and dtype"));
+  EXPECT_THAT(messages[0], HasSubstr("this rank is in an all-reduce of 4 Float elements but rank 1 is in an "
+                                     "all-reduce of 5 Float elements"));
+  EXPECT_THAT(messages[1], HasSubstr("this rank is in an all-reduce of 5 Float elements but rank 0 is in an "
+                                     "all-reduce of 4 Float"));
+  EXPECT_THAT(messages[0], HasSubstr("every rank must issue the same collectives, of tensors of the same size and dtype"));
+}
+
+// Rank `root`'s bytes, whatever the dtype (BN buffers mix floats with an int64 counter; bf16 is
+// one Gloo cannot add): every rank ends with them exactly, as Gloo's broadcast gives, for every
+// root of three ranks and sizes from empty to more than two slots.
+TEST(ShmBroadcast, EveryRankGetsTheRootsBytesInEveryDtypeAndSize) {
+  run_shm_and_gloo(3, [](int64_t rank, ProcessGroup& shm, ProcessGroup& gloo) {
+    for (const auto dtype : {torch::kUInt8, torch::kLong, torch::kFloat, torch::kBFloat16}) {
+      const int64_t slot = ShmSegment::kSlotBytes / static_cast<int64_t>(c10::elementSize(dtype));
+      for (const int64_t numel : {int64_t{0}, int64_t{1}, int64_t{7}, 2 * slot + 3}) {
+        for (int64_t root = 0; root < 3; ++root) {
+          const auto input = [&](int64_t r) { return (rank_input(r, numel).abs() * 100).to(dtype); };
+          torch::Tensor a = input(rank), b = input(rank);
+          shm.broadcast(a, root);
+          gloo.broadcast(b, root);
+          const std::string what = c10::str("rank ", rank, " root ", root, " numel ", numel, " ", dtype);
+          EXPECT_TRUE(torch::equal(a, input(root))) << what;
+          EXPECT_TRUE(torch::equal(a, b)) << what;
+        }
+      }
+    }
+  });
+}
+
+// A broadcast where another rank all-reduces, or broadcasts from another root, is named on both
+// ranks before any byte is copied.
+TEST(ShmBroadcast, AMismatchedCollectiveOrRootIsNamed) {
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](int64_t rank, ProcessGroup& pg) {
+    torch::Tensor t = torch::ones({4});
+    messages[rank] = testing::error_message([&] { rank == 0 ? pg.broadcast(t, 0) : pg.all_reduce(t); });
+  }, std::chrono::seconds(5));
+  EXPECT_THAT(messages[0], HasSubstr("shared-memory broadcast #1 on rank 0 of 2: this rank is in a broadcast from "
+                                     "rank 0 of 4 Float elements but rank 1 is in an all-reduce of 4 Float elements"));
+  EXPECT_THAT(messages[1], HasSubstr("this rank is in an all-reduce of 4 Float elements but rank 0 is in a broadcast"));
+  run_ranks(2, [&](int64_t rank, ProcessGroup& pg) {
+    torch::Tensor t = torch::ones({4});
+    messages[rank] = testing::error_message([&] { pg.broadcast(t, rank); });
+  }, std::chrono::seconds(5));
+  EXPECT_THAT(messages[1], HasSubstr("a broadcast from rank 1 of 4 Float elements but rank 0 is in a broadcast from "
+                                     "rank 0"));
 }
 
 std::vector<std::string> our_segments_in(const std::string& listing) {

@@ -1,11 +1,13 @@
-// Note [All-reduce through shared memory]
+// Note [Collectives through shared memory]
 // Ranks on one host that all-reduce over Gloo send every byte through the kernel's TCP loopback:
 // copied into a socket buffer, out of it, and through Gloo's own buffers, at ~1 GB/s here. For
 // mlp-wide (29.7 MB of fp32 gradients a step) that was ~30 ms of a 64 ms two-rank step. When every
 // rank of a group runs on this host (same hostname and boot_id, same IPC and PID namespaces: each
 // rank writes its identity into the group's store when the group is made), a contiguous CPU fp32,
 // fp64, fp16 or bf16 sum or mean all-reduce goes through one shared-memory segment instead, as
-// DeepSpeed's CPU backend and oneCCL do. Everything else (max/min, other dtypes, several hosts,
+// DeepSpeed's CPU backend and oneCCL do; so does a broadcast of any contiguous CPU tensor (DDP's
+// buffers before every forward: over Gloo a round trip through its threads and the loopback for a
+// few hundred bytes). Everything else (max/min, other dtypes, all-gathers, several hosts,
 // InitOptions::shared_memory(kOff), LOCKSTEP_SHM=0 on any rank) goes to Gloo as before.
 //
 // Segment (shm_segment.cpp): rank 0 creates it (shm_open under a name unique to this group,
@@ -23,6 +25,9 @@
 // No slot is overwritten while it is read: a rank refills its slot (step 1 of the next chunk) only
 // after step 2's wait, so everyone has finished summing from it; it writes the result slot (step 2)
 // only after step 1's wait of that chunk, which everyone reaches after copying the last result out.
+// A broadcast has the same two steps: the root copies its chunk into its slot, everyone announces
+// and waits for all; then the others copy it out, and everyone announces and waits again, so the
+// root refills its slot (next chunk) only after all have copied from it. It touches no other slot.
 //
 // An announcement is a per-rank counter (a lock-free std::atomic<uint32_t>, which is what futex
 // needs) raised by one. A waiter spins briefly (two cores are shared by all ranks: a long spin
@@ -36,10 +41,10 @@
 //
 // The collectives run in issue order on one worker thread per group, so all_reduce_async returns at
 // once, as Gloo's does, and DDP overlaps its bucket all-reduces with backward. Every rank issues
-// the same shared-memory all-reduces in the same order (as for any collective); Gloo collectives on
+// the same shared-memory collectives in the same order (as for any collective); Gloo collectives on
 // the same group run beside them independently. Subgroups (Note [Subgroups]) get their own segment.
 // bytes_sent() keeps counting the ring model (Note [Counting bytes on the wire]).
-#include "shm_all_reduce.h"
+#include "shm_collectives.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -102,20 +107,20 @@ void sum_16_bit(T* out, const std::vector<const T*>& in, int64_t n) {
 
 }  // namespace
 
-std::unique_ptr<ShmAllReduce> ShmAllReduce::create(c10d::Store& store, int64_t rank, int64_t size,
+std::unique_ptr<ShmCollectives> ShmCollectives::create(c10d::Store& store, int64_t rank, int64_t size,
                                                    std::chrono::milliseconds timeout, SharedMemory mode) {
   auto segment = ShmSegment::open(store, rank, size, mode);
   if (segment == nullptr) return nullptr;
-  return std::unique_ptr<ShmAllReduce>(new ShmAllReduce(std::move(segment), rank, size, timeout));
+  return std::unique_ptr<ShmCollectives>(new ShmCollectives(std::move(segment), rank, size, timeout));
 }
 
-ShmAllReduce::ShmAllReduce(std::unique_ptr<ShmSegment> segment, int64_t rank, int64_t size,
+ShmCollectives::ShmCollectives(std::unique_ptr<ShmSegment> segment, int64_t rank, int64_t size,
                            std::chrono::milliseconds timeout)
     : segment_(std::move(segment)), rank_(rank), size_(size), timeout_(timeout) {
   worker_ = std::thread([this] { work_loop(); });
 }
 
-ShmAllReduce::~ShmAllReduce() {
+ShmCollectives::~ShmCollectives() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -126,28 +131,44 @@ ShmAllReduce::~ShmAllReduce() {
   worker_.join();
 }
 
-bool ShmAllReduce::accepts(const torch::Tensor& tensor, ReduceOp op) {
+bool ShmCollectives::accepts(const torch::Tensor& tensor, ReduceOp op) {
   const auto dtype = tensor.scalar_type();
   return (op == ReduceOp::kSum || op == ReduceOp::kMean) && tensor.device().is_cpu() &&
          tensor.layout() == torch::kStrided && tensor.is_contiguous() &&
          (dtype == torch::kFloat || dtype == torch::kDouble || dtype == torch::kHalf || dtype == torch::kBFloat16);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmAllReduce::all_reduce(const torch::Tensor& tensor) {
+bool ShmCollectives::accepts_broadcast(const torch::Tensor& tensor) {
+  return tensor.device().is_cpu() && tensor.layout() == torch::kStrided && tensor.is_contiguous();
+}
+
+c10::intrusive_ptr<c10d::Work> ShmCollectives::all_reduce(const torch::Tensor& tensor) {
   Job job;
   job.tensor = tensor;
+  return enqueue(std::move(job), c10d::OpType::ALLREDUCE);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmCollectives::broadcast(const torch::Tensor& tensor, int64_t root) {
+  Job job;
+  job.tensor = tensor;
+  job.root = root;
+  return enqueue(std::move(job), c10d::OpType::BROADCAST);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmCollectives::enqueue(Job job, c10d::OpType type) {
   job.deadline = Clock::now() + timeout_;
-  job.work = c10::make_intrusive<ShmWork>(static_cast<int>(rank_), tensor, job.deadline);
+  job.work = c10::make_intrusive<ShmWork>(static_cast<int>(rank_), type, job.tensor, job.deadline);
+  c10::intrusive_ptr<c10d::Work> work = job.work;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     job.seq = ++issued_;
-    queue_.push_back(job);
+    queue_.push_back(std::move(job));
   }
   queued_.notify_one();
-  return job.work;
+  return work;
 }
 
-void ShmAllReduce::work_loop() {
+void ShmCollectives::work_loop() {
   for (;;) {
     Job job;
     {
@@ -159,9 +180,9 @@ void ShmAllReduce::work_loop() {
     }
     std::exception_ptr error;
     try {
-      TORCH_CHECK(failure_.empty(), "shared-memory all-reduce #", job.seq, " on rank ", rank_, " of ", size_,
+      TORCH_CHECK(failure_.empty(), "shared-memory ", job.name(), " #", job.seq, " on rank ", rank_, " of ", size_,
                   " was not run: an earlier one failed (", failure_, ")");
-      TORCH_CHECK(!aborting_, "shared-memory all-reduce #", job.seq, " on rank ", rank_, " of ", size_,
+      TORCH_CHECK(!aborting_, "shared-memory ", job.name(), " #", job.seq, " on rank ", rank_, " of ", size_,
                   " was not run: the process group was destroyed first");
       run(job);
     } catch (const c10::Error& e) {
@@ -173,34 +194,44 @@ void ShmAllReduce::work_loop() {
   }
 }
 
-void ShmAllReduce::run(const Job& job) {
+void ShmCollectives::run(const Job& job) {
   auto* data = static_cast<char*>(job.tensor.data_ptr());
   const int64_t element = static_cast<int64_t>(job.tensor.element_size());
   const int64_t numel = job.tensor.numel(), per_chunk = ShmSegment::kSlotBytes / element;
   const int64_t chunks = (numel + per_chunk - 1) / per_chunk;
+  const bool broadcast = job.root != kNoRoot;
   ShmRankLine& mine = segment_->line(rank_);
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t offset = c * per_chunk, n = std::min(per_chunk, numel - offset);
-    std::memcpy(segment_->slot(rank_), data + offset * element, static_cast<size_t>(n * element));
+    char* chunk = data + offset * element;
+    const auto bytes = static_cast<size_t>(n * element);
+    if (!broadcast || job.root == rank_) std::memcpy(segment_->slot(rank_), chunk, bytes);
     if (c == 0) {
       mine.numel = numel;
       mine.dtype = static_cast<int32_t>(job.tensor.scalar_type());
+      mine.root = job.root;
       mine.seq.store(job.seq, std::memory_order_relaxed);
     }
     announce();
-    await_all(job, c, chunks, "its input");
+    await_all(job, c, chunks, broadcast ? "its part of the broadcast" : "its input");
     if (c == 0) check_shapes(job);
+    if (broadcast) {
+      if (job.root != rank_) std::memcpy(chunk, segment_->slot(job.root), bytes);
+      announce();  // the root refills its slot only after everyone has copied from it
+      await_all(job, c, chunks, "its copy of the root's chunk");
+      continue;
+    }
     // Rank r's slice: n / N elements, the first n % N ranks one more.
     const int64_t base = n / size_, extra = n % size_;
     const int64_t begin = rank_ * base + std::min(rank_, extra), count = base + (rank_ < extra ? 1 : 0);
     sum_slice(job, begin, count);
     announce();
     await_all(job, c, chunks, "its slice of the sum");
-    std::memcpy(data + offset * element, segment_->result(), static_cast<size_t>(n * element));
+    std::memcpy(chunk, segment_->result(), bytes);
   }
 }
 
-void ShmAllReduce::sum_slice(const Job& job, int64_t begin, int64_t count) {
+void ShmCollectives::sum_slice(const Job& job, int64_t begin, int64_t count) {
   if (count == 0) return;
   const int64_t element = static_cast<int64_t>(job.tensor.element_size());
   std::vector<const void*> in;
@@ -224,14 +255,14 @@ void ShmAllReduce::sum_slice(const Job& job, int64_t begin, int64_t count) {
   }
 }
 
-void ShmAllReduce::announce() {
+void ShmCollectives::announce() {
   ShmRankLine& mine = segment_->line(rank_);
   mine.stage.store(++stage_, std::memory_order_seq_cst);
   // seq_cst on both sides: either a sleeper's futex sees the new value, or this sees the sleeper.
   if (mine.waiters.load(std::memory_order_seq_cst) > 0) wake_all(mine.stage);
 }
 
-void ShmAllReduce::await_all(const Job& job, int64_t chunk, int64_t chunks, const char* step) {
+void ShmCollectives::await_all(const Job& job, int64_t chunk, int64_t chunks, const char* step) {
   const auto missing = [&] {
     std::vector<int64_t> ranks;
     for (int64_t r = 0; r < size_; ++r)
@@ -245,7 +276,7 @@ void ShmAllReduce::await_all(const Job& job, int64_t chunk, int64_t chunks, cons
     for (int64_t r : late)
       last_seen += c10::str(last_seen.empty() ? "" : ", ", "rank ", r, " was last in #",
                             segment_->line(r).seq.load(std::memory_order_relaxed));
-    TORCH_CHECK(false, "shared-memory all-reduce #", job.seq, " (", job.tensor.numel(), " ",
+    TORCH_CHECK(false, "shared-memory ", job.name(), " #", job.seq, " (", job.tensor.numel(), " ",
                 job.tensor.scalar_type(), " elements, chunk ", chunk + 1, " of ", chunks, ") on rank ", rank_,
                 " of ", size_, ": ", late.size() == 1 ? "rank " : "ranks ", c10::Join(", ", late),
                 " did not arrive with ", step, " ", why, " (", last_seen, ")");
@@ -282,19 +313,23 @@ void ShmAllReduce::await_all(const Job& job, int64_t chunk, int64_t chunks, cons
   }
 }
 
-void ShmAllReduce::check_shapes(const Job& job) {
+void ShmCollectives::check_shapes(const Job& job) {
   const ShmRankLine& mine = segment_->line(rank_);
   for (int64_t r = 0; r < size_; ++r) {
     const ShmRankLine& other = segment_->line(r);
-    TORCH_CHECK(other.numel == mine.numel && other.dtype == mine.dtype, "shared-memory all-reduce #", job.seq,
-                " on rank ", rank_, " of ", size_, ": this rank has ", mine.numel, " ",
-                static_cast<c10::ScalarType>(mine.dtype), " elements but rank ", r, " has ", other.numel, " ",
-                static_cast<c10::ScalarType>(other.dtype),
-                "; every rank must all-reduce tensors of the same size and dtype in the same order");
+    const auto what = [](const ShmRankLine& line) {
+      return c10::str(line.root == kNoRoot ? "an all-reduce" : c10::str("a broadcast from rank ", line.root),
+                      " of ", line.numel, " ", static_cast<c10::ScalarType>(line.dtype), " elements");
+    };
+    TORCH_CHECK(other.numel == mine.numel && other.dtype == mine.dtype && other.root == mine.root,
+                "shared-memory ", job.name(), " #", job.seq, " on rank ", rank_, " of ", size_, ": this rank is in ",
+                what(mine), " but rank ", r, " is in ", what(other),
+                "; every rank must issue the same collectives, of tensors of the same size and dtype, in the same "
+                "order");
   }
 }
 
-void ShmAllReduce::abandon() {
+void ShmCollectives::abandon() {
   uint32_t healthy = 0;
   segment_->group().abandoned.compare_exchange_strong(healthy, static_cast<uint32_t>(rank_ + 1));
   for (int64_t r = 0; r < size_; ++r) wake_all(segment_->line(r).stage);

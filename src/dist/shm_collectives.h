@@ -1,6 +1,6 @@
 #pragma once
-// The intra-host all-reduce behind dist::ProcessGroup; see Note [All-reduce through shared memory]
-// in shm_all_reduce.cpp. Internal to src/dist: users reach it through ProcessGroup::all_reduce.
+// The intra-host all-reduce and broadcast behind dist::ProcessGroup; see Note [Collectives through
+// shared memory] in shm_collectives.cpp. Internal to src/dist: users reach it through ProcessGroup.
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -25,8 +25,8 @@ namespace lockstep::dist {
 // arrive: the worker fails every collective by its deadline, so waiting a moment past it suffices.
 class ShmWork : public c10d::Work {
  public:
-  ShmWork(int rank, torch::Tensor tensor, std::chrono::steady_clock::time_point deadline)
-      : c10d::Work(rank, c10d::OpType::ALLREDUCE), tensor_(std::move(tensor)), deadline_(deadline) {}
+  ShmWork(int rank, c10d::OpType type, torch::Tensor tensor, std::chrono::steady_clock::time_point deadline)
+      : c10d::Work(rank, type), tensor_(std::move(tensor)), deadline_(deadline) {}
 
   void complete(std::exception_ptr error) { finish(std::move(error)); }
 
@@ -36,7 +36,7 @@ class ShmWork : public c10d::Work {
     const auto until = timeout == kNoTimeout ? last : std::max(std::chrono::steady_clock::now() + timeout, last);
     std::unique_lock<std::mutex> lock(mutex_);
     TORCH_CHECK(cv_.wait_until(lock, until, [&] { return completed_; }),
-                "a shared-memory all-reduce did not finish by its deadline");
+                "a shared-memory collective did not finish by its deadline");
     if (exception_) std::rethrow_exception(exception_);
     return true;
   }
@@ -48,29 +48,36 @@ class ShmWork : public c10d::Work {
   std::chrono::steady_clock::time_point deadline_;
 };
 
-class ShmAllReduce {
+class ShmCollectives {
  public:
   // Collective over the group (see ShmSegment::open): nullptr on every rank when the ranks cannot
   // share memory, or do not all want to.
-  static std::unique_ptr<ShmAllReduce> create(c10d::Store& store, int64_t rank, int64_t size,
+  static std::unique_ptr<ShmCollectives> create(c10d::Store& store, int64_t rank, int64_t size,
                                               std::chrono::milliseconds timeout, SharedMemory mode);
-  ~ShmAllReduce();
-  ShmAllReduce(const ShmAllReduce&) = delete;
-  ShmAllReduce& operator=(const ShmAllReduce&) = delete;
+  ~ShmCollectives();
+  ShmCollectives(const ShmCollectives&) = delete;
+  ShmCollectives& operator=(const ShmCollectives&) = delete;
 
   // Whether all_reduce takes `tensor` with `op`: contiguous CPU fp32/fp64/fp16/bf16, kSum or kMean.
   static bool accepts(const torch::Tensor& tensor, ReduceOp op);
-  // Queues a sum all-reduce of `tensor` in place and returns at once; collectives run in issue order.
+  // Whether broadcast takes `tensor`: contiguous CPU, any dtype (it moves bytes).
+  static bool accepts_broadcast(const torch::Tensor& tensor);
+  // Each queues its collective on `tensor`, in place, and returns at once; collectives run in issue order.
   c10::intrusive_ptr<c10d::Work> all_reduce(const torch::Tensor& tensor);
+  c10::intrusive_ptr<c10d::Work> broadcast(const torch::Tensor& tensor, int64_t root);
 
  private:
+  static constexpr int64_t kNoRoot = -1;  // Job::root of an all-reduce
   struct Job {
     torch::Tensor tensor;
+    int64_t root = kNoRoot;  // a broadcast's source rank
     c10::intrusive_ptr<ShmWork> work;
     uint64_t seq = 0;
     std::chrono::steady_clock::time_point deadline;
+    const char* name() const { return root == kNoRoot ? "all-reduce" : "broadcast"; }
   };
-  ShmAllReduce(std::unique_ptr<ShmSegment> segment, int64_t rank, int64_t size, std::chrono::milliseconds timeout);
+  c10::intrusive_ptr<c10d::Work> enqueue(Job job, c10d::OpType type);
+  ShmCollectives(std::unique_ptr<ShmSegment> segment, int64_t rank, int64_t size, std::chrono::milliseconds timeout);
   void work_loop();
   void run(const Job& job);
   void announce();
