@@ -18,6 +18,7 @@
 #include "lockstep/amp/autocast.h"
 #include "lockstep/amp/grad_scaler.h"
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/heap.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/data/distributed_sampler.h"
 #include "lockstep/dist/process_group.h"
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // whole lines reach `lockstep run` as they are printed
 
   try {
+    configure_heap();  // See Note [Keeping freed memory for the next step]
     auto group = dist::init_process_group();  // RANK, WORLD_SIZE, MASTER_* as `lockstep run` set them
     const bool rank0 = group->rank() == 0;
     const bool real_data = std::filesystem::exists(data_dir);
