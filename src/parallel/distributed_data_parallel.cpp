@@ -118,9 +118,10 @@ std::vector<torch::Tensor> DistributedDataParallel::buffers_to_broadcast() const
   return out;
 }
 
+void DistributedDataParallel::broadcast_buffers() { broadcast_from_rank0(group_, buffers_to_broadcast()); }
+
 void DistributedDataParallel::pre_forward() {
-  if (options_.broadcast_buffers() && module_->is_training() && torch::GradMode::is_enabled())
-    broadcast_from_rank0(group_, buffers_to_broadcast());
+  if (options_.broadcast_buffers() && module_->is_training() && torch::GradMode::is_enabled()) broadcast_buffers();
 }
 
 void DistributedDataParallel::post_forward(const torch::Tensor& out) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <limits>
+#include <thread>
 
 #include "../dist/multi_rank.h"
 #include "../test_util.h"
@@ -128,6 +129,26 @@ TEST(DdpStrategy, NonFiniteLossOnOneRankSkipsTheStepOnEveryRank) {
     EXPECT_FALSE(s.stepped);
     EXPECT_EQ(s.skip_reason, "non-finite loss on rank 1");
   }
+}
+
+// DDP's buffer broadcast before forward waits for the slowest rank: that wait is sync, not forward.
+// Rank 1 starts its step 300 ms late (the sleep is the slow rank under test, not synchronisation):
+// rank 0's profile shows the 300 ms in sync, and a forward far shorter than that.
+TEST(DdpStrategy, WaitingForALateRankBeforeForwardIsTimedAsSync) {
+  const Data d = random_data(16, 6);
+  std::vector<ProfileSummary> profiles(2);
+  run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
+    StepProfiler profiler;
+    DdpStrategy ddp(torch::nn::AnyModule(models::ConvNet(10)),
+                    with_optimizer(optim::OptimizerKind::kSGD).group(&group).profiler(&profiler));
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ddp.forward_backward({{d.x.narrow(0, 8 * rank, 8), d.y.narrow(0, 8 * rank, 8), 1.0}}, cross_entropy);
+    profiler.end_step();
+    profiles[rank] = profiler.summary();
+  });
+  const auto ms = [&](Phase p) { return profiles[0].phases[static_cast<int>(p)].mean_ms; };
+  EXPECT_GE(ms(Phase::kSync), 250.0);
+  EXPECT_LT(ms(Phase::kForward), 150.0);
 }
 
 TEST(StepGuard, AllFiniteSeesNanAndInfButNotLargeFiniteValues) {

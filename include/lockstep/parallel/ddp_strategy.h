@@ -29,6 +29,7 @@ class DdpStrategy : public LocalStrategy {
                          bool last) override;
 
  private:
+  bool broadcast_buffers_;  // DDP's option, run here so its wait is timed as sync, not forward
   std::unique_ptr<DistributedDataParallel> ddp_;
 };
 

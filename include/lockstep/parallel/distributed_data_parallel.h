@@ -75,6 +75,11 @@ class DistributedDataParallel {
   };
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
 
+  // Rank 0's buffers to every rank now, as a training forward does first with broadcast_buffers.
+  // For a caller that times this wait apart from the forward: it builds with
+  // broadcast_buffers(false) and calls this before each forward itself (DdpStrategy does).
+  void broadcast_buffers();
+
   torch::nn::Module& module() { return *module_; }
   dist::ProcessGroup& group() { return group_; }
   const ReducerStats& reducer_stats() const { return reducer_->stats(); }
