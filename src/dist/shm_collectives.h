@@ -23,10 +23,14 @@ namespace lockstep::dist {
 
 // A Work whose wait() gives the worker's own error, which names who did not arrive, the time to
 // arrive: the worker fails every collective by its deadline, so waiting a moment past it suffices.
+// It holds no tensor, and the worker drops its own reference before completing, so the caller's
+// thread makes the last release of what it allocated. A release on the worker, at whatever moment,
+// would take bytes off the caller's count in the middle of a measurement (see Note [Counting tensor
+// bytes]: a free is charged to the allocating thread).
 class ShmWork : public c10d::Work {
  public:
-  ShmWork(int rank, c10d::OpType type, torch::Tensor tensor, std::chrono::steady_clock::time_point deadline)
-      : c10d::Work(rank, type), tensor_(std::move(tensor)), deadline_(deadline) {}
+  ShmWork(int rank, c10d::OpType type, std::chrono::steady_clock::time_point deadline)
+      : c10d::Work(rank, type), deadline_(deadline) {}
 
   void complete(std::exception_ptr error) { finish(std::move(error)); }
 
@@ -41,10 +45,7 @@ class ShmWork : public c10d::Work {
     return true;
   }
 
-  std::vector<at::Tensor> result() override { return {tensor_}; }
-
  private:
-  torch::Tensor tensor_;
   std::chrono::steady_clock::time_point deadline_;
 };
 
@@ -53,7 +54,7 @@ class ShmCollectives {
   // Collective over the group (see ShmSegment::open): nullptr on every rank when the ranks cannot
   // share memory, or do not all want to.
   static std::unique_ptr<ShmCollectives> create(c10d::Store& store, int64_t rank, int64_t size,
-                                              std::chrono::milliseconds timeout, SharedMemory mode);
+                                                std::chrono::milliseconds timeout, SharedMemory mode);
   ~ShmCollectives();
   ShmCollectives(const ShmCollectives&) = delete;
   ShmCollectives& operator=(const ShmCollectives&) = delete;
