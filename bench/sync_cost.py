@@ -81,14 +81,15 @@ def main():
         run([[args.binary, "run", "--nproc-per-node", "2", "--"] + train_cmd(args.binary, args, 2 * args.limit, t["ddp"])])
         alone, pa = step_times(t["alone"])
         ind0, p0 = step_times(t["ind0"])
-        ind1, _ = step_times(t["ind1"])
+        ind1, p1 = step_times(t["ind1"])
         ddp, pd = step_times(t["ddp"])
         pairs = [max(random.choice(ind0), random.choice(ind1)) for _ in range(100000)]
         rows["alone"].append(statistics.mean(alone))
         rows["independent"].append(statistics.mean(ind0 + ind1))
         rows["ddp"].append(statistics.mean(ddp))
         rows["waiting"].append(statistics.mean(pairs) - statistics.mean(ind0 + ind1))
-        for k, p in (("alone", pa), ("independent", p0), ("ddp", pd)):
+        both = {n: (p0.get(n, 0.0) + p1.get(n, 0.0)) / 2 for n in set(p0) | set(p1)}  # the two processes' mean
+        for k, p in (("alone", pa), ("independent", both), ("ddp", pd)):
             phases[k].append(p)
         sd = lambda x: statistics.stdev(x)
         print(f"run {i + 1}: ms/step alone {rows['alone'][-1]:.2f} (sd {sd(alone):.2f}), independent "

@@ -316,13 +316,13 @@ void ShmCollectives::await_all(const Job& job, int64_t chunk, int64_t chunks, co
 }
 
 void ShmCollectives::check_shapes(const Job& job) {
+  const auto what = [](const ShmRankLine& line) {
+    return c10::str(line.root == kNoRoot ? "an all-reduce" : c10::str("a broadcast from rank ", line.root), " of ",
+                    line.numel, " ", static_cast<c10::ScalarType>(line.dtype), " elements");
+  };
   const ShmRankLine& mine = segment_->line(rank_);
   for (int64_t r = 0; r < size_; ++r) {
     const ShmRankLine& other = segment_->line(r);
-    const auto what = [](const ShmRankLine& line) {
-      return c10::str(line.root == kNoRoot ? "an all-reduce" : c10::str("a broadcast from rank ", line.root),
-                      " of ", line.numel, " ", static_cast<c10::ScalarType>(line.dtype), " elements");
-    };
     TORCH_CHECK(other.numel == mine.numel && other.dtype == mine.dtype && other.root == mine.root,
                 "shared-memory ", job.name(), " #", job.seq, " on rank ", rank_, " of ", size_, ": this rank is in ",
                 what(mine), " but rank ", r, " is in ", what(other),

@@ -17,8 +17,9 @@ namespace lockstep::dist {
 enum class ReduceOp { kSum, kMean, kMax, kMin };
 
 // Whether sum and mean all-reduces and broadcasts of ranks that share a host go through shared
-// memory instead of Gloo (see Note [Collectives through shared memory] in src/dist/shm_collectives.cpp). kAuto: when
-// every rank of the group is on this host and none set LOCKSTEP_SHM=0.
+// memory instead of Gloo (see Note [Collectives through shared memory] in
+// src/dist/shm_collectives.cpp). kAuto: when every rank of the group is on this host and none set
+// LOCKSTEP_SHM=0.
 enum class SharedMemory { kAuto, kOff };
 
 class ShmCollectives;
