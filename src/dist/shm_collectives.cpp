@@ -50,6 +50,7 @@
 #include <c10/util/Half.h>
 #include <c10/util/StringUtil.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -169,6 +170,7 @@ c10::intrusive_ptr<c10d::Work> ShmCollectives::enqueue(Job job, c10d::OpType typ
 }
 
 void ShmCollectives::work_loop() {
+  pthread_setname_np(pthread_self(), "lockstep-shm");  // how top -H, perf and /proc tell it from compute
   for (;;) {
     Job job;
     {
