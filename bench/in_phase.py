@@ -1,22 +1,34 @@
 #!/usr/bin/python3
-"""Does computing the same phase at the same moment cost two processes more than drifting apart?
+"""Does computing the same phase at the same moment cost two processes more than being half a step apart?
 
 Two processes, one thread each, train convnet's shape (conv 5x5 16, BN, ReLU, max-pool, conv 5x5 32,
-BN, ReLU, max-pool, linear) on random batches of 100 with plain PyTorch: no communication at all.
-"in phase": a barrier before every step, so both run forward, then backward, at the same moments,
-as DDP ranks do. "drifting": no barrier, as two independent processes do. Only the compute is
-timed (forward + backward + SGD step, from after the barrier), so any difference is what sharing
-the cores costs more when the phases coincide. Configurations alternate, RUNS times each.
+BN, ReLU, max-pool, linear) on random batches of 100 with plain PyTorch (the same libtorch 1.13 as
+lockstep): no communication at all, one barrier per step, as a synchronous data-parallel step has.
+The same two processes alternate between two placements of that barrier, BLOCK steps at a time:
 
-Usage: bench/in_phase.py [--runs 5] [--steps 200]
+  together   both wait at the barrier before forward: both run forward, then backward, at the same
+             moments, as DDP ranks do (their all-reduce lines them up at the end of every backward)
+  apart      rank 0 waits before forward, rank 1 before backward: rank 1's forward runs beside rank
+             0's backward and the other way round
+
+Each step does the same work in both; only which phases coincide differs. Alternating inside the same
+processes every few hundred milliseconds puts the host's drift (which moves single runs by 20% here)
+on both alike. The first SETTLE steps of every block are left out. Per block: the step time (rank 0,
+barrier to barrier, waiting included) and each rank's forward and backward compute (barrier wait
+excluded). Medians over blocks; the difference per block pair gives the spread.
+
+Usage: bench/in_phase.py [--steps 600] [--block 20] [--precision fp32|bf16]
 """
 import argparse
 import multiprocessing as mp
 import statistics
 import time
 
+SETTLE = 4
+MODES = ("together", "apart")
 
-def worker(rank, steps, barrier, out):
+
+def worker(rank, args, barrier, out):
     import torch
     import torch.nn as nn
     torch.set_num_threads(1)
@@ -28,44 +40,71 @@ def worker(rank, steps, barrier, out):
     model = nn.Sequential(block(1, 16), block(16, 32), nn.Flatten(), nn.Linear(7 * 7 * 32, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     x, y = torch.randn(100, 1, 28, 28), torch.randint(0, 10, (100,))
-    times = []
-    for step in range(steps):
-        if barrier is not None:
+    bf16 = args.precision == "bf16"
+    rows = []  # (block, mode, step ms, forward ms, backward ms)
+    last_barrier = None
+    for step in range(args.steps):
+        blk = step // args.block
+        mode = MODES[blk % 2]
+        wait_before_backward = mode == "apart" and rank == 1
+        if not wait_before_backward:
             barrier.wait()
+            now = time.perf_counter()
+            step_ms = None if last_barrier is None else (now - last_barrier) * 1000
+            last_barrier = now
         t0 = time.perf_counter()
         opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = nn.functional.cross_entropy(model(x), y)
+        t1 = time.perf_counter()
+        if wait_before_backward:
+            barrier.wait()
+            now = time.perf_counter()
+            step_ms = None if last_barrier is None else (now - last_barrier) * 1000
+            last_barrier = now
+        t2 = time.perf_counter()
+        loss.backward()
         opt.step()
-        times.append(time.perf_counter() - t0)
-    out.put((rank, statistics.mean(times[10:]) * 1000))
-
-
-def once(steps, in_phase):
-    barrier = mp.Barrier(2) if in_phase else None
-    out = mp.Queue()
-    procs = [mp.Process(target=worker, args=(r, steps, barrier, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = [out.get() for _ in procs]
-    for p in procs:
-        p.join()
-    return statistics.mean(ms for _, ms in results)
+        t3 = time.perf_counter()
+        if step % args.block >= SETTLE and step_ms is not None:
+            rows.append((blk, mode, step_ms, (t1 - t0) * 1000, (t3 - t2) * 1000))
+    out.put((rank, rows))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--block", type=int, default=20)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     args = ap.parse_args()
     mp.set_start_method("spawn")
-    rows = {"in phase": [], "drifting": []}
-    for i in range(args.runs):
-        for name in rows:
-            rows[name].append(once(args.steps, name == "in phase"))
-        print(f"run {i + 1}: compute ms/step in phase {rows['in phase'][-1]:.2f}, drifting {rows['drifting'][-1]:.2f}")
-    a, b = statistics.median(rows["in phase"]), statistics.median(rows["drifting"])
-    print(f"medians of {args.runs}: in phase {a:.2f} ms/step, drifting {b:.2f}: in phase costs {a - b:+.2f} ms "
-          f"({100 * (a / b - 1):+.1f}%)")
+    barrier, out = mp.Barrier(2), mp.Queue()
+    procs = [mp.Process(target=worker, args=(r, args, barrier, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(out.get() for _ in procs)
+    for p in procs:
+        p.join()
+
+    def per_block(rank, col):  # {block: (mode, mean of column)}
+        blocks = {}
+        for row in results[rank]:
+            blocks.setdefault(row[0], (row[1], []))[1].append(row[col])
+        return {b: (m, statistics.mean(v)) for b, (m, v) in blocks.items()}
+
+    print(f"convnet {args.precision}, batch 100, 1 thread per process, {args.steps} steps in blocks of {args.block} "
+          f"(first {SETTLE} of each left out); ms, medians over blocks")
+    print("| | together | apart | together - apart | per block pair: min .. max |")
+    print("|---|---|---|---|---|")
+    columns = (("step (rank 0, barrier to barrier)", 0, 2), ("rank 0 forward", 0, 3), ("rank 0 backward + SGD", 0, 4),
+               ("rank 1 forward", 1, 3), ("rank 1 backward + SGD", 1, 4))
+    for label, rank, col in columns:
+        blocks = per_block(rank, col)
+        by_mode = {m: [v for mm, v in blocks.values() if mm == m] for m in MODES}
+        pairs = [blocks[b][1] - blocks[b + 1][1] for b in sorted(blocks) if b % 2 == 0 and b + 1 in blocks]
+        t, a = (statistics.median(by_mode[m]) for m in MODES)
+        print(f"| {label} | {t:.2f} | {a:.2f} | {t - a:+.2f} ({100 * (t / a - 1):+.1f}%) | "
+              f"{min(pairs):+.2f} .. {max(pairs):+.2f} |")
 
 
 if __name__ == "__main__":
