@@ -42,26 +42,27 @@ def worker(rank, args, barrier, out):
     x, y = torch.randn(100, 1, 28, 28), torch.randint(0, 10, (100,))
     bf16 = args.precision == "bf16"
     rows = []  # (block, mode, step ms, forward ms, backward ms)
-    last_barrier = None
+    last_barrier = [None]
+
+    def meet():  # waits at the barrier; the time since this rank last met it, in ms (None the first time)
+        barrier.wait()
+        now, before = time.perf_counter(), last_barrier[0]
+        last_barrier[0] = now
+        return None if before is None else (now - before) * 1000
+
     for step in range(args.steps):
         blk = step // args.block
         mode = MODES[blk % 2]
         wait_before_backward = mode == "apart" and rank == 1
         if not wait_before_backward:
-            barrier.wait()
-            now = time.perf_counter()
-            step_ms = None if last_barrier is None else (now - last_barrier) * 1000
-            last_barrier = now
+            step_ms = meet()
         t0 = time.perf_counter()
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = nn.functional.cross_entropy(model(x), y)
         t1 = time.perf_counter()
         if wait_before_backward:
-            barrier.wait()
-            now = time.perf_counter()
-            step_ms = None if last_barrier is None else (now - last_barrier) * 1000
-            last_barrier = now
+            step_ms = meet()
         t2 = time.perf_counter()
         loss.backward()
         opt.step()
