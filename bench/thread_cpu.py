@@ -5,8 +5,8 @@ Runs COMMAND and, every 50 ms until it exits, reads /proc/PID/task/TID/schedstat
 and every process below it. For each thread it keeps the last reading, and sums them per process:
 its main thread alone, its other threads by name. A reading is: time on a CPU, time runnable but
 waiting for one (the run queue: another thread or process had the core), and voluntary and
-involuntary context switches. A thread's figures are cumulative, so
-the last reading before it exits is its whole life (to within 50 ms).
+involuntary context switches. A thread's figures are cumulative, so the last reading before it
+exits is its whole life (to within 50 ms).
 
 What it answers for a DDP run on 2 cores: how much CPU the threads beside each rank's compute thread
 (Gloo's, the shared-memory worker's) take, and how long the compute thread waited for a core.
@@ -69,7 +69,8 @@ def main():
             try:
                 tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    names[pid] = f.read().split(b"\0")[0].decode(errors="replace").rsplit("/", 1)[-1]
+                    name = f.read().split(b"\0")[0].decode(errors="replace").rsplit("/", 1)[-1]
+                names[pid] = name or names.get(pid, "?")  # an exiting process reads empty: keep its name
             except OSError:
                 continue
             for tid in tids:
