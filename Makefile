@@ -6,15 +6,20 @@ FUZZ_BUILD_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS ?= idx state_dict checkpoint tfevents_round_trip tfevents_reader zip_checksum
 
-.PHONY: build demo test fuzz clean
+.PHONY: build configure demo test fuzz clean
 
-build:
+configure:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release
+
+# Everything: the library, the CLI, the examples and the test suite.
+build: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
+# The demo needs only the library and the `lockstep` binary, not the ~70 test sources.
 demo:
 	scripts/bootstrap
-	$(MAKE) build
+	$(MAKE) configure
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target lockstep_cli
 	scripts/demo $(BUILD_DIR)
 
 test:
