@@ -84,7 +84,6 @@ void cpu_relax() {
 #endif
 }
 
-double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 
 template <typename T>
 void sum_into(T* __restrict out, const std::vector<const T*>& in, int64_t n) {
@@ -307,7 +306,7 @@ void ShmCollectives::await_all(const Job& job, int64_t chunk, int64_t chunks, co
       if (::kill(line.pid, 0) != 0 && errno == ESRCH) fail(c10::str("(rank ", q, "'s process ", line.pid, " exited)"));
       const auto now = Clock::now();
       if (now >= job.deadline)
-        fail(c10::str("within the timeout of ", seconds(timeout_),
+        fail(c10::str("within the timeout of ", std::chrono::duration<double>(timeout_).count(),
                       " s: it stalled or exited; if it is only slow, raise the timeout (lockstep train --timeout)"));
       const auto nap = std::min<Clock::duration>(job.deadline - now, kPoll);
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(nap).count();

@@ -8,12 +8,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "lockstep/core/process.h"
 #include "lockstep/log/svg_chart.h"
 
 namespace lockstep::log {
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;

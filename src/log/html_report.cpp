@@ -8,12 +8,12 @@
 #include <filesystem>
 
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/process.h"
 #include "lockstep/log/svg_chart.h"
 
 namespace lockstep::log {
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
 
 // No script, no fetch of any kind: the page is complete as written (styles are inline).
 constexpr const char* kHead = R"(<meta charset="utf-8">

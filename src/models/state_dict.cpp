@@ -1,5 +1,6 @@
 #include "lockstep/models/state_dict.h"
 
+#include <c10/util/string_view.h>
 #include <torch/serialize.h>
 
 #include <map>
@@ -12,10 +13,6 @@ namespace lockstep::models {
 namespace {
 
 constexpr const char* kDdpPrefix = "module.";
-
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
 
 }  // namespace
 
@@ -62,7 +59,7 @@ void load_state_dict(torch::nn::Module& model, const c10::IValue& dict, const st
     TORCH_CHECK(item.key().isString() && item.value().isTensor(), source,
                 " is not a state dict: it has an entry that is not name -> tensor");
     const std::string key = item.key().toStringRef();
-    all_prefixed = all_prefixed && starts_with(key, kDdpPrefix);
+    all_prefixed = all_prefixed && c10::string_view(key).starts_with(kDdpPrefix);
     given.emplace(key, item.value().toTensor());
   }
   if (all_prefixed && !given.empty()) {  // saved from DDP's wrapper: drop "module."

@@ -1,13 +1,12 @@
 #include "lockstep/models/token_embeddings.h"
 
+#include <c10/util/string_view.h>
 #include <torch/torch.h>
 
 namespace lockstep::models {
 namespace {
 
 constexpr const char* kChoices = "choose zeros, mean, copy:<token> or mean-of:\"<text>\"";
-
-bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
 // (old, C) -> (n, C): the old rows first, then the new rows as `init` says.
 torch::Tensor resized(const torch::Tensor& old, int64_t n, const EmbeddingInit& init) {
@@ -38,7 +37,7 @@ torch::Tensor resized(const torch::Tensor& old, int64_t n, const EmbeddingInit& 
 EmbeddingInit parse_embedding_init(const std::string& spec, const data::Tokenizer& tokenizer) {
   if (spec == "zeros") return {EmbeddingInitKind::kZeros, {}};
   if (spec == "mean") return {EmbeddingInitKind::kMean, {}};
-  if (starts_with(spec, "copy:")) {
+  if (c10::string_view(spec).starts_with("copy:")) {
     const std::string token = spec.substr(5);
     const int64_t id = tokenizer.token_to_id(token);
     TORCH_CHECK_VALUE(id >= 0, "--init-new-embeddings '", spec, "': the tokenizer has no token '", token,
@@ -46,7 +45,7 @@ EmbeddingInit parse_embedding_init(const std::string& spec, const data::Tokenize
                       "as 'Ġ'), or use mean-of:\"<text>\"");
     return {EmbeddingInitKind::kCopy, {id}};
   }
-  if (starts_with(spec, "mean-of:")) {
+  if (c10::string_view(spec).starts_with("mean-of:")) {
     std::string text = spec.substr(8);
     if (text.size() >= 2 && text.front() == '"' && text.back() == '"') text = text.substr(1, text.size() - 2);
     std::vector<int64_t> ids = tokenizer.encode(text);

@@ -8,8 +8,6 @@
 namespace lockstep::parallel {
 namespace {
 
-int64_t bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
-
 int64_t resolved_replicas(const StrategyOptions& o) {
   TORCH_CHECK_VALUE(o.replicas() >= 0, "dp: replicas=", o.replicas(), " must be >= 0 (0: the intra-op thread count, ",
                     "at least 2)");
@@ -206,8 +204,8 @@ MemoryReport DpStrategy::memory() const {
   MemoryReport m = LocalStrategy::memory();
   for (size_t i = 1; i < replicas_.size(); ++i)
     for (const auto& p : replicas_[i].ptr()->parameters()) {
-      m.param_bytes += bytes(p);
-      m.grad_bytes += bytes(p.grad());
+      m.param_bytes += tensor_bytes(p);
+      m.grad_bytes += tensor_bytes(p.grad());
     }
   return m;
 }

@@ -20,8 +20,6 @@ using NamedParameters = std::vector<std::pair<std::string, torch::Tensor>>;
 // Gradient buckets of a unit's reduce-scatter, as zero2's default.
 constexpr int64_t kBucketCapBytes = 25 * 1024 * 1024;
 
-int64_t bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
-
 int64_t numel(const NamedParameters& params) {
   int64_t n = 0;
   for (const auto& p : params) n += p.second.numel();
@@ -253,8 +251,8 @@ MemoryReport FsdpStrategy::memory() const {
   MemoryReport m;
   int64_t largest = 0;
   for (const auto& unit : units_) {
-    m.param_bytes += bytes(unit->shard());
-    m.grad_bytes += bytes(unit->grad_shard());
+    m.param_bytes += tensor_bytes(unit->shard());
+    m.grad_bytes += tensor_bytes(unit->grad_shard());
     largest = std::max(largest, unit->full_bytes());
   }
   m.param_bytes += largest;

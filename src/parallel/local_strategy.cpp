@@ -7,11 +7,6 @@
 #include "lockstep/parallel/micro_batch.h"
 
 namespace lockstep::parallel {
-namespace {
-
-int64_t bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
-
-}  // namespace
 
 LocalStrategy::LocalStrategy(torch::nn::AnyModule model, StrategyOptions options)
     : model_(std::move(model)), module_(model_.ptr()), options_(std::move(options)), guard_(options_.group()) {
@@ -105,12 +100,12 @@ MemoryReport LocalStrategy::memory() const {
   MemoryReport m;
   const auto params = module_->parameters();
   for (size_t i = 0; i < params.size(); ++i) {
-    m.param_bytes += bytes(params[i]);
-    m.grad_bytes += bytes(params[i].grad());
+    m.param_bytes += tensor_bytes(params[i]);
+    m.grad_bytes += tensor_bytes(params[i].grad());
     const torch::Tensor& master = amp_->master_params()[i];
     if (!master.is_same(params[i])) {
-      m.optim_bytes += bytes(master);
-      m.grad_bytes += bytes(master.grad());
+      m.optim_bytes += tensor_bytes(master);
+      m.grad_bytes += tensor_bytes(master.grad());
     }
   }
   m.optim_bytes += optim::optimizer_state_bytes(*optimizer_);

@@ -32,8 +32,6 @@ int64_t header_tag(int64_t i) { return 3 * i; }
 int64_t activation_tag(int64_t i) { return 3 * i + 1; }
 int64_t gradient_tag(int64_t i) { return 3 * i + 2; }
 
-int64_t bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
-
 // Stage s runs blocks [v[s], v[s+1]): from options.split(), or balanced by parameter count.
 std::vector<int64_t> stage_boundaries(const std::vector<models::Block>& blocks, const PipelineOptions& o,
                                       int64_t stages) {
@@ -356,8 +354,8 @@ void PipelineStrategy::load_training_state_dict(const c10::impl::GenericDict& st
 MemoryReport PipelineStrategy::memory() const {
   MemoryReport m;
   for (const auto& p : params_) {
-    m.param_bytes += bytes(p);
-    m.grad_bytes += bytes(p.grad());
+    m.param_bytes += tensor_bytes(p);
+    m.grad_bytes += tensor_bytes(p.grad());
   }
   m.optim_bytes = optim::optimizer_state_bytes(*optimizer_);
   m.activation_bytes = peak_held_bytes_;

@@ -38,6 +38,10 @@ void Strategy::load_sharded_state_dict(const ShardedState& state, const std::str
                     "(train::Checkpointer does this when the strategy or the world size differs)");
 }
 
+int64_t tensor_bytes(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
 bool has_sharded_state(StrategyKind kind) {
   return kind == StrategyKind::kFsdp || kind == StrategyKind::kZero1 || kind == StrategyKind::kZero2;
 }

@@ -14,8 +14,6 @@
 namespace lockstep::parallel {
 namespace {
 
-int64_t bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
-
 dist::ProcessGroup& required_group(const StrategyOptions& options, const ZeroOptions& zero) {
   const std::string name = "zero" + std::to_string(zero.stage());
   TORCH_CHECK_VALUE(zero.stage() == 1 || zero.stage() == 2, "ZeroOptions().stage(", zero.stage(),
@@ -131,8 +129,8 @@ void ZeroStrategy::load_sharded_state_dict(const ShardedState& state, const std:
 
 MemoryReport ZeroStrategy::memory() const {
   MemoryReport m;
-  m.param_bytes = bytes(flat_->flat());
-  m.grad_bytes = zero_.stage() == 1 ? bytes(flat_grad_) : bytes(grad_shard_);
+  m.param_bytes = tensor_bytes(flat_->flat());
+  m.grad_bytes = zero_.stage() == 1 ? tensor_bytes(flat_grad_) : tensor_bytes(grad_shard_);
   m.optim_bytes = optim::optimizer_state_bytes(*optimizer_);
   return m;
 }

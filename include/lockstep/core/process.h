@@ -6,6 +6,8 @@
 
 namespace lockstep {
 
+constexpr double kMiB = 1024.0 * 1024.0;  // bytes in a mebibyte
+
 // Peak resident set size of this process so far, in MiB (getrusage's ru_maxrss).
 double peak_rss_mib();
 

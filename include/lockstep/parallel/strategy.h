@@ -115,6 +115,9 @@ struct MemoryReport {
   int64_t activation_bytes = 0;
 };
 
+// The bytes `t` holds (numel x element size); 0 for an undefined tensor (no gradient yet).
+int64_t tensor_bytes(const torch::Tensor& t);
+
 // See Note [The Strategy seam]. The model's weights are final when a strategy is made (load
 // --init-weights or a checkpoint's weights into the fp32 module first): strategies may convert,
 // broadcast or shard them. Not thread-safe: one training loop drives it.
