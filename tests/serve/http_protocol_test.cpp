@@ -60,6 +60,8 @@ TEST(HttpProtocol, DataReadWithoutADomHasTheDomsBitsForEveryNumberSpelling) {
   serve::ModelConfig config = small_config();
   config.input.dims = {1, 8, 8};
   std::mt19937_64 rng(7);
+  // Spellings to parse, not results of training: strtod and the DOM round them by IEEE-754 rules,
+  // the same on every x86-64 CPU.
   std::vector<std::string> numbers{"0", "-0", "-0.0", "1", "-1", "1E5", "2.5e-3", "-7e+2", "4.9e-324", "1e-310",
                                    "3.4028235e38", "1e39", "-1e39", "1e-50", "123456789012345678901234567890",
                                    "0.1", "0.30000000000000004", "16777217", "3.1415926535897932384626"};
