@@ -99,6 +99,7 @@ for c in "${cases[@]}"; do
   fi
 done
 echo
-echo "medians of $runs alternating runs, $(date -u +%F), $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p')"
+echo "medians of $runs alternating runs"
+bench/machine.sh "bench/ddp_vs_peer.sh $runs ${cases[*]}"
 echo "$table"
 [[ -z $extra ]] || printf '%s' "$extra"

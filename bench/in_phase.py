@@ -20,8 +20,11 @@ excluded). Medians over blocks; the difference per block pair gives the spread.
 Usage: bench/in_phase.py [--steps 600] [--block 20] [--precision fp32|bf16]
 """
 import argparse
+import os
 import multiprocessing as mp
 import statistics
+import subprocess
+import sys
 import time
 
 SETTLE = 4
@@ -93,6 +96,8 @@ def main():
             blocks.setdefault(row[0], (row[1], []))[1].append(row[col])
         return {b: (m, statistics.mean(v)) for b, (m, v) in blocks.items()}
 
+    print(subprocess.run([os.path.join(os.path.dirname(os.path.abspath(__file__)), "machine.sh"), " ".join(sys.argv)],
+                         capture_output=True, text=True).stdout, end="")
     print(f"convnet {args.precision}, batch 100, 1 thread per process, {args.steps} steps in blocks of {args.block} "
           f"(first {SETTLE} of each left out); ms, medians over blocks")
     print("| | together | apart | together - apart | per block pair: min .. max |")

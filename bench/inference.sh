@@ -39,8 +39,8 @@ record() {  # KEY JSON
   echo "$1 $(field p50 <<<"$2") $(field p90 <<<"$2") $(field p99 <<<"$2") $(field throughput_samples_per_s <<<"$2")" >>"$results"
 }
 
-echo "model $model, $samples samples per configuration, $rounds rounds (medians), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "command: ROUNDS=$rounds bench/inference.sh $model $samples"
+echo "model $model, $samples samples per configuration, $rounds rounds (medians)"
+bench/machine.sh "ROUNDS=$rounds bench/inference.sh $model $samples"
 echo
 for round in $(seq "$rounds"); do
   for batch in 1 64; do

@@ -85,7 +85,7 @@ done
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 echo "convnet, batch-1 JSON requests, $requests per run, $threads intra-op thread(s) each, $rounds rounds (medians),"
-echo "$(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ); command: ROUNDS=$rounds bench/serve_vs_peer.sh $requests $threads"
+bench/machine.sh "ROUNDS=$rounds bench/serve_vs_peer.sh $requests $threads"
 echo
 echo '| concurrency | server   | requests/s | p50 (ms) | p99 (ms) | non-200 | throughput vs peer |'
 echo '|---|---|---|---|---|---|---|'

@@ -47,7 +47,7 @@ for i in $(seq "$runs"); do
 done
 
 echo "$model $precision, $limit samples, batch $batch per rank, 1 thread per process; ms per step, medians of $runs runs"
-echo "$(date -u +%F), $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p')"
+bench/machine.sh "bench/step_breakdown.sh $*"
 $python - "$out" <<'PY'
 import collections, statistics, sys
 rows = collections.defaultdict(list)

@@ -98,6 +98,8 @@ def main():
     med = {k: statistics.median(v) for k, v in rows.items()}
     names = ["data", "forward", "loss", "backward", "sync", "optimizer"]
     ph = {k: {n: statistics.median([p.get(n, 0.0) for p in v]) for n in names} for k, v in phases.items()}
+    print(subprocess.run([os.path.join(os.path.dirname(os.path.abspath(__file__)), "machine.sh"), " ".join(sys.argv)],
+                         capture_output=True, text=True).stdout, end="")
     print(f"{args.model} {args.precision}, batch {args.batch} per rank, {args.limit} samples per rank, "
           f"1 thread per process; ms per step, medians of {args.runs} runs (means over steps {WARMUP + 1}..)")
     print("| configuration | ms/step | " + " | ".join(names) + " | scaling (2 x alone / step) |")

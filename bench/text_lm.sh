@@ -33,6 +33,7 @@ for ((i = 1; i <= runs; ++i)); do
   batch=$(echo "$b" | field mean_batch_sequences); batch=${batch%.*}; batch=$(( batch > 0 ? batch : 1 ))
   f=$(run --batch-size "$batch"); echo "fixed (batch $batch) run $i: $f"; echo "$f" >>"$tmp/fixed"
 done
+bench/machine.sh "bench/text_lm.sh $runs $epochs $limit $max_tokens"
 for kind in bucketed fixed; do
   t=$(field train_s <"$tmp/$kind" | median); p=$(field perplexity <"$tmp/$kind" | median)
   u=$(field unigram_perplexity <"$tmp/$kind" | head -1); pad=$(field padding_fraction <"$tmp/$kind" | median)

@@ -84,6 +84,8 @@ def main():
         g = groups[(pid, "main" if tid == pid else name)]
         for i, v in enumerate((1, run_ns, wait_ns, vol, invol)):
             g[i] += v
+    print(subprocess.run([os.path.join(os.path.dirname(os.path.abspath(__file__)), "machine.sh"), " ".join(sys.argv)],
+                         capture_output=True, text=True).stdout, end="")
     print(f"{' '.join(cmd)}\nwall {wall:.2f} s; per process: its main thread and its other threads by name, "
           "cumulative over each thread's life:")
     print("| pid | process | thread | threads | on CPU ms | waiting for a CPU ms | voluntary switches | involuntary |")

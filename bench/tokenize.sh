@@ -20,6 +20,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 field() { sed -n "s/.*\"$1\": *\([0-9.e-]*\).*/\1/p"; }
 
+bench/machine.sh "bench/tokenize.sh $*"
 for model in bpe wordpiece; do
   "$lockstep" tokenize train --model $model --vocab-size "$vocab" --corpus $corpus --corpus-format fortunes \
     --out "$tmp/$model.json" >&2
