@@ -14,7 +14,7 @@ namespace lockstep {
 namespace {
 
 const std::string kCli = LOCKSTEP_CLI;
-const std::string kExample = std::string(LOCKSTEP_EXAMPLES_DIR) + "/ddp_train";
+const std::string kExample = std::string(LOCKSTEP_EXAMPLES_DIR) + "/ddp_train/ddp_train";
 
 bool have_fashion_mnist() {
   return ::access((std::string(data::kDefaultFashionMnistDir) + "/train-images-idx3-ubyte.gz").c_str(), R_OK) == 0;

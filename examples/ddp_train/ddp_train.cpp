@@ -1,7 +1,7 @@
 // A complete data-parallel training program to copy: swap in your model and data, keep the loop.
 //
-//   build/lockstep run --nproc-per-node 2 -- build/examples/ddp_train --epochs 3
-//   build/lockstep run --nproc-per-node 2 -- build/examples/ddp_train --epochs 5 --resume checkpoint.pt
+//   lockstep run --nproc-per-node 2 -- ./build/ddp_train --epochs 3
+//   lockstep run --nproc-per-node 2 -- ./build/ddp_train --epochs 5 --resume checkpoint.pt
 //
 // `lockstep run` starts one copy of this program per rank. Each copy holds a whole replica of the
 // model and trains on its own share of every epoch; DDP averages the gradients during backward, so
