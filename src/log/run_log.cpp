@@ -1,11 +1,12 @@
 #include "lockstep/log/run_log.h"
 
+#include <c10/util/StringUtil.h>
+
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 
 namespace lockstep::log {
@@ -30,15 +31,15 @@ off_t complete_lines_length(int fd) {
 
 }  // namespace
 
-RunLog::RunLog(const RunLogOptions& options) : jsonl_path_(options.jsonl()) {
+RunLog::RunLog(const RunLogOptions& options) : jsonl_path_(options.jsonl()), reporter_(options.reporter()) {
   if (!options.jsonl().empty()) {
     const int flags = O_RDWR | O_CREAT | O_CLOEXEC | (options.append() ? 0 : O_TRUNC);
     jsonl_ = launch::UniqueFd(::open(options.jsonl().c_str(), flags, 0644));
     TORCH_CHECK(jsonl_.valid(), "cannot open --log-jsonl file '", options.jsonl(), "': ", std::strerror(errno));
     const off_t size = ::lseek(jsonl_.get(), 0, SEEK_END), complete = complete_lines_length(jsonl_.get());
     if (complete < size) {
-      std::fprintf(stderr, "lockstep: warning: --log-jsonl '%s' ended in a cut-off line (%lld bytes); removed it "
-                   "before appending\n", options.jsonl().c_str(), static_cast<long long>(size - complete));
+      report(reporter_, ReportKind::kWarning, c10::str("--log-jsonl '", options.jsonl(), "' ended in a cut-off line (",
+                                                       size - complete, " bytes); removed it before appending"));
       TORCH_CHECK(::ftruncate(jsonl_.get(), complete) == 0, "cannot remove the cut-off last line of --log-jsonl '",
                   options.jsonl(), "': ", std::strerror(errno));
     }
@@ -65,8 +66,8 @@ void RunLog::event(const nlohmann::ordered_json& j) {
 }
 
 void RunLog::stop_jsonl(const char* why) {
-  std::fprintf(stderr, "lockstep: error: --log-jsonl logging stopped: writing to '%s' failed: %s; the file ends "
-               "with the last complete line\n", jsonl_path_.c_str(), why);
+  report(reporter_, ReportKind::kError, c10::str("--log-jsonl logging stopped: writing to '", jsonl_path_, "' failed: ",
+                                                 why, "; the file ends with the last complete line"));
   jsonl_.reset();
 }
 
@@ -90,7 +91,7 @@ void RunLog::close() {
 }
 
 void RunLog::stop_tensorboard(const c10::Error& e) {
-  std::fprintf(stderr, "lockstep: error: TensorBoard logging stopped: %s\n", e.what_without_backtrace());
+  report(reporter_, ReportKind::kError, c10::str("TensorBoard logging stopped: ", e.what_without_backtrace()));
   tensorboard_.reset();
 }
 

@@ -80,7 +80,7 @@ std::vector<int64_t> block_times_us(const std::vector<models::Block>& blocks, co
 }
 
 std::vector<int64_t> split_by_time(const std::vector<models::Block>& blocks, const torch::Tensor& input,
-                                   int64_t stages, dist::ProcessGroup* group) {
+                                   int64_t stages, dist::ProcessGroup* group, const Reporter& reporter) {
   const auto n = static_cast<int64_t>(blocks.size());
   // Every rank checks what rank 0's balanced_split would refuse, so none waits for its broadcast.
   TORCH_CHECK_VALUE(stages >= 1 && stages <= n, "rank ", group ? group->rank() : 0, ": ", stages,
@@ -97,9 +97,9 @@ std::vector<int64_t> split_by_time(const std::vector<models::Block>& blocks, con
       std::snprintf(ms, sizeof(ms), "%.1f", static_cast<double>(us) / 1000.0);
       stage_ms.push_back(ms);
     }
-    std::fprintf(stderr, "lockstep: --balance time: blocks per stage %s (forward + backward of one micro-batch of %lld: "
-                 "%s ms)\n", c10::Join(",", split).c_str(), static_cast<long long>(input.size(0)),
-                 c10::Join(", ", stage_ms).c_str());
+    report(reporter, ReportKind::kNotice, c10::str("stages balanced by time: blocks per stage ", c10::Join(",", split),
+                                                   " (forward + backward of one micro-batch of ", input.size(0), ": ",
+                                                   c10::Join(", ", stage_ms), " ms)"));
   }
   if (group != nullptr) group->broadcast(counts, 0);
   std::vector<int64_t> split(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + stages);

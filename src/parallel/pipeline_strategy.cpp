@@ -94,7 +94,7 @@ PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions o
   if (cut.split().empty() && cut.balance() == PipelineBalance::kTime) {
     TORCH_CHECK_VALUE(cut.balance_input().defined(), "balancing pipeline stages by time needs an input to time the ",
                       "blocks on: set PipelineOptions::balance_input to one micro-batch (lockstep train passes one)");
-    cut.split(split_by_time(blocks_, cut.balance_input(), stages_, group_));
+    cut.split(split_by_time(blocks_, cut.balance_input(), stages_, group_, options_.reporter()));
   }
   first_block_of_stage_ = stage_boundaries(blocks_, cut, stages_);
   TORCH_CHECK_VALUE(world % stages_ == 0, "rank ", rank_, ": the world size ", world, " is not divisible by --stages ",

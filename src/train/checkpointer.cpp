@@ -4,7 +4,6 @@
 
 #include <c10/util/StringUtil.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <functional>
 
@@ -44,7 +43,7 @@ std::optional<Checkpoint> Checkpointer::load_resume(int64_t epochs) {
     if (list_checkpoints(dir).empty()) {
       TORCH_CHECK_VALUE(path == "latest", "rank ", rank_, ": --resume '", path,
                         "': no checkpoint (step-*.pt, or a sharded step-*/) in it");
-      if (rank_ == 0) std::printf("no checkpoint in '%s' yet: starting from scratch\n", dir.c_str());
+      if (rank_ == 0) say(ReportKind::kInfo, "no checkpoint in '", dir, "' yet: starting from scratch");
       return std::nullopt;
     }
     c = load_newest_readable(dir, path);
@@ -54,13 +53,13 @@ std::optional<Checkpoint> Checkpointer::load_resume(int64_t epochs) {
   check_same_run(*c, run_, path);
   if (c->sharded) read_sharded(*c);
   const std::string notice = adapt_position(*c, run_, path);  // see Note [Resuming on another world size]
-  if (!notice.empty() && rank_ == 0) std::fprintf(stderr, "lockstep: warning: %s\n", notice.c_str());
+  if (!notice.empty() && rank_ == 0) say(ReportKind::kWarning, notice);
   TORCH_CHECK_VALUE(c->position.epoch <= epochs, "checkpoint '", path, "' has completed ", c->position.epoch,
                     " epochs and --epochs is ", epochs, "; --epochs counts from the start of training: pass ",
                     c->position.epoch, " or more");
   if (c->position.epoch == epochs && rank_ == 0)
-    std::printf("checkpoint '%s' has completed all %lld epochs: nothing left to train; evaluating it and "
-                "writing the outputs\n", path.c_str(), static_cast<long long>(epochs));
+    say(ReportKind::kInfo, "checkpoint '", path, "' has completed all ", epochs,
+        " epochs: nothing left to train; evaluating it and writing the outputs");
   resumed_from_ = path;
   return c;
 }
@@ -77,10 +76,9 @@ void Checkpointer::read_sharded(Checkpoint& c) {
     return;
   }
   if (rank_ == 0)
-    std::printf("sharded checkpoint '%s' was written by %s on %lld rank(s); this run is %s on %lld: reading the "
-                "full model and optimizer state from its %lld rank files\n", info.dir.c_str(), info.strategy.c_str(),
-                static_cast<long long>(info.world_size), options_.strategy().empty() ? "another strategy" :
-                options_.strategy().c_str(), static_cast<long long>(world), static_cast<long long>(info.world_size));
+    say(ReportKind::kInfo, "sharded checkpoint '", info.dir, "' was written by ", info.strategy, " on ", info.world_size,
+        " rank(s); this run is ", options_.strategy().empty() ? "another strategy" : options_.strategy(), " on ", world,
+        ": reading the full model and optimizer state from its ", info.world_size, " rank files");
   reassemble_sharded_checkpoint(c);
 }
 
@@ -99,8 +97,8 @@ Checkpoint Checkpointer::load_newest_readable(const std::string& dir, std::strin
       path = *it;
       return c;
     } catch (const c10::Error& e) {
-      std::fprintf(stderr, "lockstep: warning: rank %lld: skipping checkpoint '%s': %s; trying the one before it\n",
-                   static_cast<long long>(rank_), it->c_str(), e.what_without_backtrace());
+      say(ReportKind::kWarning, "rank ", rank_, ": skipping checkpoint '", *it, "': ", e.what_without_backtrace(),
+          "; trying the one before it");
       skipped += (skipped.empty() ? "'" : ", '") + *it + "'";
     }
   }
@@ -155,8 +153,7 @@ TrainingPosition Checkpointer::restore(const std::optional<Checkpoint>& c, paral
     }
     position = c->position;
     if (rank_ == 0)
-      std::printf("resumed from '%s': epoch %lld, step %lld\n", resumed_from_.c_str(),
-                  static_cast<long long>(position.epoch + 1), static_cast<long long>(position.step));
+      say(ReportKind::kInfo, "resumed from '", resumed_from_, "': epoch ", position.epoch + 1, ", step ", position.step);
   }
   if (group_) check_same_position_on_all_ranks(position);
   return position;
@@ -195,9 +192,8 @@ void Checkpointer::save(const TrainingPosition& at, parallel::Strategy& strategy
       remove_old_checkpoints(options_.dir(), options_.keep_last());
     } catch (const std::exception& e) {
       const auto last = latest_checkpoint(options_.dir());
-      std::fprintf(stderr, "lockstep: error: checkpoint at step %lld not saved: %s; training goes on, the last "
-                   "good checkpoint is %s\n", static_cast<long long>(at.step), error_text(e).c_str(),
-                   last ? ("'" + *last + "'").c_str() : "(none)");
+      say(ReportKind::kError, "checkpoint at step ", at.step, " not saved: ", error_text(e),
+          "; training goes on, the last good checkpoint is ", last ? "'" + *last + "'" : "(none)");
     }
   }
   if (group_) group_->barrier();
@@ -239,8 +235,8 @@ void Checkpointer::save_sharded(const TrainingPosition& at, parallel::Strategy& 
     save_rank_file(*state, at::detail::getDefaultCPUGenerator().get_state(), dir);
   });
   if (!error.empty())
-    std::fprintf(stderr, "lockstep: error: rank %lld: its file of the sharded checkpoint at step %lld was not "
-                 "written: %s\n", static_cast<long long>(rank_), static_cast<long long>(at.step), error.c_str());
+    say(ReportKind::kError, "rank ", rank_, ": its file of the sharded checkpoint at step ", at.step,
+        " was not written: ", error);
   // The vote: metadata.pt is written only when every rank's file is.
   const torch::Tensor mine = torch::tensor({static_cast<int64_t>(!error.empty())}, torch::kInt64);
   const std::vector<torch::Tensor> votes = group_ ? group_->all_gather(mine) : std::vector<torch::Tensor>{mine};
@@ -258,9 +254,8 @@ void Checkpointer::save_sharded(const TrainingPosition& at, parallel::Strategy& 
       const auto last = latest_checkpoint(options_.dir());
       const std::string why = failed.empty() ? "its metadata was not written: " + error
                                              : "rank(s) " + c10::Join(", ", failed) + " could not write their files";
-      std::fprintf(stderr, "lockstep: error: sharded checkpoint at step %lld not saved: %s; training goes on, the last "
-                   "good checkpoint is %s\n", static_cast<long long>(at.step), why.c_str(),
-                   last ? ("'" + *last + "'").c_str() : "(none)");
+      say(ReportKind::kError, "sharded checkpoint at step ", at.step, " not saved: ", why,
+          "; training goes on, the last good checkpoint is ", last ? "'" + *last + "'" : "(none)");
     }
   }
   if (group_) group_->barrier();  // nobody resumes or exits before the metadata is there

@@ -253,6 +253,7 @@ parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* gro
                     .split(split())
                     .balance(balance()))
       .replicas(replicas())
+      .reporter(reporter())
       .fsdp(parallel::FsdpOptions().min_params(fsdp_min_params()).reshard_after_forward(!fsdp_keep_gathered()));
   const std::string scale = resolved_loss_scale();
   if (scale == "none") {

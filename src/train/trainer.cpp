@@ -13,6 +13,7 @@
 #include "lockstep/core/heap.h"
 #include "lockstep/core/names.h"
 #include "lockstep/core/process.h"
+#include "lockstep/core/report.h"
 #include "lockstep/core/tensor_memory.h"
 #include "lockstep/core/world.h"
 #include "lockstep/log/progress.h"
@@ -87,7 +88,8 @@ class TrainingRun {
     data_ = make_train_data(o, group_.get());
     checkpointer_ = std::make_unique<Checkpointer>(
         CheckpointerOptions().dir(o.checkpoint_dir()).save_every(o.save_every()).keep_last(o.keep_last()).resume(o.resume())
-            .format(o.checkpoint_format()).strategy(parallel::to_string(o.resolved_strategy(world_.world_size))),
+            .format(o.checkpoint_format()).strategy(parallel::to_string(o.resolved_strategy(world_.world_size)))
+            .reporter(o.reporter()),
         o.run_settings(world_.world_size), group_.get());
 
     // The weights are final before the strategy converts, broadcasts or shards them.
@@ -121,7 +123,7 @@ class TrainingRun {
     if (leader_ && checkpointer_->enabled()) data_->save_beside_checkpoints(o.checkpoint_dir());
     if (leader_)
       log_ = log::RunLog(log::RunLogOptions().jsonl(o.log_jsonl()).append(!checkpointer_->resumed_from().empty())
-                             .tensorboard(o.tensorboard()));
+                             .tensorboard(o.tensorboard()).reporter(o.reporter()));
     log_.event(run_event(o, result_, strategy_->name(), checkpointer_->resumed_from()));
   }
 
@@ -202,15 +204,17 @@ class TrainingRun {
     result_.epochs.push_back(er);
     const bool lm = !std::isnan(er.perplexity);
     if (show) {
+      char line[160];
       if (lm) {
-        std::printf("epoch %lld/%lld done: train_loss %.4f test_loss %.4f perplexity %.2f (%.2f s)\n",
-                    static_cast<long long>(er.epoch), static_cast<long long>(o_.epochs()), er.train_loss, er.test_loss,
-                    er.perplexity, er.train_s);
+        std::snprintf(line, sizeof(line), "epoch %lld/%lld done: train_loss %.4f test_loss %.4f perplexity %.2f (%.2f s)",
+                      static_cast<long long>(er.epoch), static_cast<long long>(o_.epochs()), er.train_loss,
+                      er.test_loss, er.perplexity, er.train_s);
       } else {
-        std::printf("epoch %lld/%lld done: train_loss %.4f test_acc %.4f (%.2f s)\n", static_cast<long long>(er.epoch),
-                    static_cast<long long>(o_.epochs()), er.train_loss, er.test_acc, er.train_s);
+        std::snprintf(line, sizeof(line), "epoch %lld/%lld done: train_loss %.4f test_acc %.4f (%.2f s)",
+                      static_cast<long long>(er.epoch), static_cast<long long>(o_.epochs()), er.train_loss, er.test_acc,
+                      er.train_s);
       }
-      std::fflush(stdout);
+      report(o_.reporter(), ReportKind::kInfo, line);
     }
     nlohmann::ordered_json epoch{{"event", "epoch"}, {"epoch", er.epoch}, {"step", pos_.step}, {"train_loss", er.train_loss}};
     if (lm) {
@@ -282,8 +286,8 @@ class TrainingRun {
     ++pos_.skipped_steps;
     ++pos_.consecutive_skips;
     if (leader_)
-      std::fprintf(stderr, "lockstep: step %lld skipped: %s (%lld skipped so far)\n", static_cast<long long>(pos_.step + 1),
-                   why.c_str(), static_cast<long long>(pos_.skipped_steps));
+      report(o_.reporter(), ReportKind::kNotice,
+             c10::str("step ", pos_.step + 1, " skipped: ", why, " (", pos_.skipped_steps, " skipped so far)"));
     log_.event({{"event", "skipped_step"}, {"epoch", pos_.epoch + 1}, {"step", pos_.step + 1}, {"reason", why},
                 {"skipped_steps", pos_.skipped_steps}});
     TORCH_CHECK(pos_.consecutive_skips < o_.max_skipped_steps(), "rank ", world_.rank, ": aborting: ",
@@ -313,16 +317,15 @@ class TrainingRun {
     const double sent = steps_run_ > 0 ? static_cast<double>(bytes_sent_) / static_cast<double>(steps_run_) : 0.0;
     result_.sent_bytes_per_step = static_cast<int64_t>(sent);
     if (!o_.report_memory()) return;
-    const double mib = 1024.0 * 1024.0;
     const std::string activations = m.activation_bytes > 0 ? c10::str(", activations held for backward at most ",
-        static_cast<double>(m.activation_bytes) / mib, " MiB") : "";
-    std::printf("rank %lld memory: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB "
-                "(optimizer state and fp32 master weights)%s, peak RSS %.1f MiB; sent %.2f MiB per step\n",
-                static_cast<long long>(world_.rank), static_cast<double>(m.param_bytes) / mib,
-                static_cast<double>(m.grad_bytes) / mib, static_cast<double>(m.optim_bytes) / mib, activations.c_str(),
-                peak_rss_mib(),
-                sent / mib);
-    std::fflush(stdout);
+        static_cast<double>(m.activation_bytes) / kMiB, " MiB") : "";
+    char line[320];
+    std::snprintf(line, sizeof(line), "rank %lld memory: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB "
+                  "(optimizer state and fp32 master weights)%s, peak RSS %.1f MiB; sent %.2f MiB per step",
+                  static_cast<long long>(world_.rank), static_cast<double>(m.param_bytes) / kMiB,
+                  static_cast<double>(m.grad_bytes) / kMiB, static_cast<double>(m.optim_bytes) / kMiB,
+                  activations.c_str(), peak_rss_mib(), sent / kMiB);
+    report(o_.reporter(), ReportKind::kInfo, line);
   }
 
   // Every rank's peak RSS, step and sync times and activation bytes, into rank 0's result.

@@ -8,6 +8,7 @@
 #include "lockstep/models/convnet.h"
 #include "lockstep/models/mlp.h"
 #include "lockstep/optim/optimizer.h"
+#include "lockstep/parallel/strategy_registry.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::parallel {

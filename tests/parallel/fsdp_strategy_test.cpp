@@ -8,6 +8,7 @@
 #include "../test_util.h"
 #include "lockstep/parallel/ddp_strategy.h"
 #include "lockstep/parallel/local_strategy.h"
+#include "lockstep/parallel/strategy_registry.h"
 #include "sharding_fixtures.h"
 
 namespace lockstep::parallel {

@@ -10,6 +10,7 @@
 #include "lockstep/models/zoo.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/pipeline_strategy.h"
+#include "lockstep/parallel/strategy_registry.h"
 #include "lockstep/train/options.h"
 
 namespace lockstep::parallel {

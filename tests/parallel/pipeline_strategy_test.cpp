@@ -14,6 +14,7 @@
 #include "lockstep/models/zoo.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/local_strategy.h"
+#include "lockstep/parallel/strategy_registry.h"
 #include "lockstep/train/options.h"
 
 namespace lockstep::parallel {

@@ -17,6 +17,7 @@
 #include "lockstep/parallel/ddp_strategy.h"
 #include "lockstep/parallel/local_strategy.h"
 #include "lockstep/parallel/strategy.h"
+#include "lockstep/parallel/strategy_registry.h"
 #include "../dist/multi_rank.h"
 
 namespace lockstep::parallel::sharding_test {

@@ -1,4 +1,5 @@
 #include "lockstep/parallel/strategy.h"
+#include "lockstep/parallel/strategy_registry.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

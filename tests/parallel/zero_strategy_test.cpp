@@ -15,6 +15,7 @@
 #include "lockstep/optim/state_dict.h"
 #include "lockstep/parallel/ddp_strategy.h"
 #include "lockstep/parallel/local_strategy.h"
+#include "lockstep/parallel/strategy_registry.h"
 
 namespace lockstep::parallel {
 namespace {

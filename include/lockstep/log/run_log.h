@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "lockstep/core/report.h"
 #include "lockstep/launch/unique_fd.h"
 #include "lockstep/log/tensorboard.h"
 
@@ -16,6 +17,7 @@ struct RunLogOptions {
   TORCH_ARG(std::string, jsonl) = "";        // one JSON object per line; "": none
   TORCH_ARG(bool, append) = false;           // continue the file (a resumed run) instead of truncating it
   TORCH_ARG(std::string, tensorboard) = "";  // event files in this directory; "": none
+  TORCH_ARG(Reporter, reporter) = stdio_reporter();  // a log that stops says so here (Note [Reports])
 };
 
 // A run's record on rank 0: events as JSON lines and scalars for TensorBoard. Other ranks make an
@@ -37,6 +39,7 @@ class RunLog {
   void stop_jsonl(const char* why);
 
   std::string jsonl_path_;
+  Reporter reporter_;
   launch::UniqueFd jsonl_;
   std::unique_ptr<SummaryWriter> tensorboard_;
 };

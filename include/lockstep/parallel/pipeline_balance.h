@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "lockstep/core/report.h"
 #include "lockstep/dist/process_group.h"
 #include "lockstep/models/classifier.h"
 
@@ -30,8 +31,9 @@ std::vector<int64_t> block_times_us(const std::vector<models::Block>& blocks, co
                                     int64_t repeats = 3);
 
 // Blocks per stage for `stages` stages balanced by block_times_us, measured on rank 0 of `group`
-// (null: this process) and the same on every rank. Collective.
+// (null: this process) and the same on every rank; rank 0 reports the split and each stage's time
+// to `reporter`. Collective.
 std::vector<int64_t> split_by_time(const std::vector<models::Block>& blocks, const torch::Tensor& input,
-                                   int64_t stages, dist::ProcessGroup* group);
+                                   int64_t stages, dist::ProcessGroup* group, const Reporter& reporter = {});
 
 }  // namespace lockstep::parallel

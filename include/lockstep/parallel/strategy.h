@@ -17,6 +17,7 @@
 
 #include "lockstep/amp/grad_scaler.h"
 #include "lockstep/amp/opt_level.h"
+#include "lockstep/core/report.h"
 #include "lockstep/core/step_profiler.h"
 #include "lockstep/dist/process_group.h"
 #include "lockstep/parallel/pipeline_schedule.h"
@@ -31,16 +32,8 @@ namespace lockstep::parallel {
 // when to log, evaluate and checkpoint; it never asks which strategy it drives. Everything that
 // differs between strategies is behind these methods: how micro-batches run and when gradients
 // travel, where the optimizer state lives, what a rank saves and how much memory it holds. A new
-// strategy is one header/source pair and one line in make_strategy(); a user's program can pass
-// its own subclass to the same loop.
-
-// The built-in strategies. strategy_names() lists them in this order, once, for the CLI, its help
-// and its errors.
-enum class StrategyKind { kLocal, kDdp, kDp, kZero1, kZero2, kFsdp, kPipeline };
-// "local", "ddp", "dp", "zero1", "zero2", "fsdp", "pipeline"
-const std::vector<std::string>& strategy_names();
-StrategyKind parse_strategy(const std::string& name);  // error lists strategy_names()
-std::string to_string(StrategyKind kind);
+// strategy is one header/source pair and one line in the registry (strategy_registry.h); a user's
+// program can pass its own subclass to the same loop.
 
 // One micro-batch of an optimizer step.
 struct MicroBatch {
@@ -93,6 +86,7 @@ struct StrategyOptions {
   // dp: model replicas, one thread each; 0: the intra-op thread count, at least 2.
   TORCH_ARG(int64_t, replicas) = 0;
   TORCH_ARG(ModelFactory, model_factory);           // dp: builds its replicas
+  TORCH_ARG(Reporter, reporter) = stdio_reporter();  // what a strategy has to say (Note [Reports])
 };
 
 // What every built-in strategy's constructor checks first: an optimizer factory is set and the
@@ -175,12 +169,5 @@ class Strategy {
 
   virtual MemoryReport memory() const = 0;
 };
-
-// Whether the built-in strategy `kind` has a sharded form (Strategy::sharded_state_dict): fsdp,
-// zero1 and zero2.
-bool has_sharded_state(StrategyKind kind);
-
-// A built-in strategy over `model`. ddp, zero1, zero2 and fsdp need options.group().
-std::unique_ptr<Strategy> make_strategy(StrategyKind kind, torch::nn::AnyModule model, StrategyOptions options);
 
 }  // namespace lockstep::parallel

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <ATen/core/Dict.h>
+#include <c10/util/StringUtil.h>
 #include <torch/arg.h>
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "lockstep/core/directory_lock.h"
+#include "lockstep/core/report.h"
 #include "lockstep/dist/process_group.h"
 #include "lockstep/parallel/strategy.h"
 #include "lockstep/train/checkpoint.h"
@@ -25,6 +27,9 @@ struct CheckpointerOptions {
   // The name of the strategy this run trains with (Strategy::name()): a sharded checkpoint it
   // wrote on as many ranks is resumed shard by shard, each rank reading only its own file.
   TORCH_ARG(std::string, strategy) = "";
+  // Where what it does and the errors it outlives go (see Note [Reports]); rank 0 reports, but for
+  // a rank's own failures.
+  TORCH_ARG(Reporter, reporter) = stdio_reporter();
 };
 
 // When a run checkpoints, what a checkpoint holds, and how a run resumes from one. A checkpoint
@@ -71,6 +76,10 @@ class Checkpointer {
   // The newest checkpoint in `dir` that loads (throws when none does); sets `path` to it.
   Checkpoint load_newest_readable(const std::string& dir, std::string& path);
   void refuse_existing_checkpoints();
+  template <typename... Args>
+  void say(ReportKind kind, const Args&... args) const {
+    report(options_.reporter(), kind, c10::str(args...));
+  }
 
   CheckpointerOptions options_;
   c10::impl::GenericDict run_;

@@ -8,10 +8,11 @@
 #include <vector>
 
 #include "lockstep/amp/opt_level.h"
+#include "lockstep/core/report.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/models/norm_layer.h"
 #include "lockstep/optim/optimizer.h"
-#include "lockstep/parallel/strategy.h"
+#include "lockstep/parallel/strategy_registry.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/lr_schedule.h"
 
@@ -134,6 +135,8 @@ struct TrainOptions {
   TORCH_ARG(int64_t, log_every) = 10;                    // optimizer steps between logged steps
   TORCH_ARG(bool, profile) = false;                      // per-phase step times, printed at the end
   TORCH_ARG(std::string, trace) = "";                    // Chrome trace of the step phases (rank 0)
+  // Epoch lines, skipped steps, memory lines, checkpoint notes and log failures (Note [Reports]).
+  TORCH_ARG(Reporter, reporter) = stdio_reporter();
 
  public:
   // Throws c10::ValueError naming the first invalid value and what is allowed.

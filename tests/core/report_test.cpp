@@ -1,0 +1,73 @@
+#include "lockstep/core/report.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <utility>
+#include <vector>
+
+#include "../test_util.h"
+#include "lockstep/log/run_log.h"
+#include "lockstep/train/trainer.h"
+
+namespace lockstep {
+namespace {
+
+using ::testing::HasSubstr;
+using Lines = std::vector<std::pair<ReportKind, std::string>>;
+
+Reporter collect_into(Lines& lines) {
+  return [&lines](ReportKind kind, const std::string& line) { lines.emplace_back(kind, line); };
+}
+
+TEST(Report, StdioReporterPrintsEachKindAsTheCommandAlwaysHas) {
+  const Reporter r = stdio_reporter();
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  r(ReportKind::kInfo, "epoch 1/1 done");
+  r(ReportKind::kNotice, "step 3 skipped");
+  r(ReportKind::kWarning, "cut-off line");
+  r(ReportKind::kError, "logging stopped");
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(), "epoch 1/1 done\n");
+  EXPECT_EQ(err, "lockstep: step 3 skipped\nlockstep: warning: cut-off line\nlockstep: error: logging stopped\n");
+}
+
+// A warning the run log recovers from reaches the caller's reporter and nothing reaches stderr.
+TEST(Report, RunLogWarnsThroughTheCallersReporter) {
+  testing::TempDir dir;
+  std::ofstream(dir / "run.jsonl") << "{\"a\":1}\n{\"b\"";
+  Lines lines;
+  ::testing::internal::CaptureStderr();
+  log::RunLog(log::RunLogOptions().jsonl(dir / "run.jsonl").append(true).reporter(collect_into(lines)));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].first, ReportKind::kWarning);
+  EXPECT_THAT(lines[0].second, HasSubstr("ended in a cut-off line (4 bytes)"));
+}
+
+// A run's memory line and its checkpoint notes go to TrainOptions' reporter: a program that trains
+// prints nothing it did not ask for (the progress display and the epoch lines that come with it
+// are off here).
+TEST(Report, TrainingReportsThroughTheCallersReporterOnly) {
+  testing::TempDir dir;
+  Lines lines;
+  const auto run = train::TrainOptions().model("mlp").data(train::DataSource::kSynthetic).limit(40).batch_size(20)
+                       .epochs(2).progress(false).report_memory(true).checkpoint_dir(dir / "ckpt")
+                       .reporter(collect_into(lines));
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  train::train(run);
+  train::train(train::TrainOptions(run).epochs(3).resume("latest"));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(), "");
+  std::vector<std::string> info;
+  for (const auto& [kind, line] : lines)
+    if (kind == ReportKind::kInfo) info.push_back(line.substr(0, line.find(':')));
+  EXPECT_THAT(info, ::testing::ElementsAre("rank 0 memory", "resumed from '" + (dir / "ckpt/step-00000004.pt'"),
+                                           "rank 0 memory"));
+}
+
+}  // namespace
+}  // namespace lockstep
