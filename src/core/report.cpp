@@ -4,11 +4,12 @@
 
 namespace lockstep {
 
-Reporter stdio_reporter() {
-  return [](ReportKind kind, const std::string& line) {
-    static constexpr const char* kPrefix[] = {"", "lockstep: ", "lockstep: warning: ", "lockstep: error: "};
+Reporter stdio_reporter(const std::string& program) {
+  return [program](ReportKind kind, const std::string& line) {
+    static constexpr const char* kLabel[] = {"", "", "warning: ", "error: "};
     std::FILE* out = kind == ReportKind::kInfo ? stdout : stderr;
-    std::fprintf(out, "%s%s\n", kPrefix[static_cast<int>(kind)], line.c_str());
+    const std::string prefix = kind == ReportKind::kInfo ? "" : program + ": " + kLabel[static_cast<int>(kind)];
+    std::fprintf(out, "%s%s\n", prefix.c_str(), line.c_str());
     std::fflush(out);
   };
 }

@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <iostream>
 #include <set>
 #include <sstream>
 
@@ -59,8 +58,6 @@ std::string resolve_program(const std::string& program) {
   }
   return {};
 }
-
-void say(const std::string& line) { std::cerr << "lockstep run: " << line << std::endl; }
 
 std::string plural(int64_t n, const std::string& word) {
   return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
@@ -176,6 +173,7 @@ std::vector<std::string> Launcher::worker_env(int64_t rank, int64_t local_rank, 
 }
 
 int Launcher::run() {
+  const auto say = [this](const std::string& line) { report(options_.reporter(), ReportKind::kNotice, line); };
   const milliseconds grace = to_ms(options_.grace_period());
   const milliseconds heartbeat = to_ms(options_.heartbeat_timeout());
   Rendezvous rendezvous(RendezvousOptions()
@@ -240,9 +238,10 @@ int Launcher::run() {
           group.stop(SIGTERM);
           const std::vector<std::string> tail = group.stderr_tail(failed->local_rank);
           if (!tail.empty()) {
-            say("last " + plural(static_cast<int64_t>(tail.size()), "line") + " of rank " +
-                std::to_string(failed->rank) + "'s stderr:");
-            for (const std::string& line : tail) std::cerr << "  " << line << "\n";
+            std::string text = "last " + plural(static_cast<int64_t>(tail.size()), "line") + " of rank " +
+                               std::to_string(failed->rank) + "'s stderr:";
+            for (const std::string& line : tail) text += "\n  " + line;
+            say(text);
           }
           if (first != what) say("the first failure was on another node: " + first);
           outcome = {RoundOutcome::Kind::kFailed, 0, first};

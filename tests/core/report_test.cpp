@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "lockstep/launch/launcher.h"
 #include "lockstep/log/run_log.h"
 #include "lockstep/train/trainer.h"
 
@@ -32,6 +33,30 @@ TEST(Report, StdioReporterPrintsEachKindAsTheCommandAlwaysHas) {
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(::testing::internal::GetCapturedStdout(), "epoch 1/1 done\n");
   EXPECT_EQ(err, "lockstep: step 3 skipped\nlockstep: warning: cut-off line\nlockstep: error: logging stopped\n");
+}
+
+TEST(Report, StdioReporterNamesTheProgramItReportsFor) {
+  ::testing::internal::CaptureStderr();
+  stdio_reporter("lockstep run")(ReportKind::kNotice, "restarting the worker group");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "lockstep run: restarting the worker group\n");
+}
+
+// The launcher's own lines (a worker failed, its stderr's tail) reach the caller's reporter; the
+// workers' output is still forwarded, each line under its rank.
+TEST(Report, LauncherReportsAFailedWorkerToTheCallersReporter) {
+  Lines lines;
+  launch::Launcher launcher(launch::LaunchOptions({"sh", "-c", "echo 'out of cheese' >&2; exit 3"})
+                                .grace_period(1.0)
+                                .reporter(collect_into(lines)));
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(launcher.run(), 1);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(err, HasSubstr("[rank 0] out of cheese"));
+  EXPECT_THAT(err, ::testing::Not(HasSubstr("lockstep run:")));
+  std::string said;
+  for (const auto& [kind, line] : lines) said += line + "\n";
+  EXPECT_THAT(said, HasSubstr("exited with code 3"));
+  EXPECT_THAT(said, HasSubstr("last 1 line of rank 0's stderr:\n  out of cheese"));
 }
 
 // A warning the run log recovers from reaches the caller's reporter and nothing reaches stderr.

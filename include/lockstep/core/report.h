@@ -14,7 +14,7 @@ namespace lockstep {
 // function, and an empty Reporter drops them.
 enum class ReportKind {
   kInfo,     // stdout, as it is
-  kNotice,   // stderr, after "lockstep: "
+  kNotice,   // stderr, after "lockstep: " (the program's name)
   kWarning,  // stderr, after "lockstep: warning: "
   kError,    // stderr, after "lockstep: error: "
 };
@@ -23,8 +23,9 @@ enum class ReportKind {
 // component; components that run on several ranks report on each unless they say otherwise.
 using Reporter = std::function<void(ReportKind kind, const std::string& line)>;
 
-// Each line to stdout or stderr as ReportKind says, flushed.
-Reporter stdio_reporter();
+// Each line to stdout or stderr as ReportKind says, flushed; `program` names the prefix
+// ("lockstep: warning: ...").
+Reporter stdio_reporter(const std::string& program = "lockstep");
 
 // Sends `line` to `reporter` unless it is empty.
 inline void report(const Reporter& reporter, ReportKind kind, const std::string& line) {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/core/report.h"
+
 namespace lockstep::launch {
 
 // Everything `lockstep run` can be told; the CLI options carry the same names.
@@ -30,6 +32,8 @@ struct LaunchOptions {
   // Seconds another node's launcher may stay silent before its node is declared failed.
   // See Note [Launcher heartbeats].
   TORCH_ARG(double, heartbeat_timeout) = 30.0;
+  // What the launcher says about the workers (a failure, its stderr tail, restarts): see Note [Reports].
+  TORCH_ARG(Reporter, reporter) = stdio_reporter("lockstep run");
 
  public:
   // Throws c10::ValueError naming the first invalid value and what is allowed.
