@@ -102,6 +102,8 @@ int main(int argc, char** argv) {
     // A pipeline's stages read the same batch: each replica, not each rank, takes a share.
     const int64_t replicas = world.world_size / strategy->ranks_per_replica();
     const int64_t replica = world.rank / strategy->ranks_per_replica();
+    TORCH_CHECK_VALUE(global_batch % replicas == 0, "rank ", world.rank, ": --global-batch ", global_batch,
+                      " does not split evenly over ", replicas, " replicas; pass a multiple of ", replicas);
     const int64_t rows = global_batch / replicas;
     const auto loss = [](const torch::Tensor& out, const torch::Tensor& target) {
       return torch::nn::functional::cross_entropy(out, target);

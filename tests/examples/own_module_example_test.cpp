@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <iostream>
 #include <map>
 
 #include "../test_util.h"
@@ -21,9 +22,10 @@ std::map<std::string, torch::Tensor> trained(const testing::TempDir& dir, const 
   const std::string out = dir / (strategy + (extra.empty() ? "" : "-extra") + ".pt");
   const std::string example =
       kOwnModule + " --strategy " + strategy + " --global-batch 32 --steps 20 --out " + out + extra;
-  const auto r = testing::run_command(ranks == 1 ? example
-                                                 : kLauncher + " run --nproc-per-node " + std::to_string(ranks) + " -- " +
-                                                       example);
+  // Bounded: a rank that never arrives must fail the test, not hang it.
+  const auto r = testing::run_command("timeout 120 " + (ranks == 1 ? example
+                                                                   : kLauncher + " run --nproc-per-node " +
+                                                                         std::to_string(ranks) + " -- " + example));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ::testing::HasSubstr("at the first step")) << r.output;
   std::map<std::string, torch::Tensor> weights;
