@@ -7,15 +7,21 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lockstep::cli {
 
 constexpr int kUsageError = 2;  // exit code for a bad command line
 
+// Library spellings in error messages and this command's words for them ("PipelineOptions::stages"
+// -> "--stages"); see with_flag_names.
+using Wording = std::vector<std::pair<std::string, std::string>>;
+
 struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;  // returns the process exit code
+  Wording wording = {};
 };
 
 // `program_tail`: the words after the command line's first "--", exactly as given, or nullopt when

@@ -8,6 +8,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "checks.h"
 #include "commands.h"
 
 int main(int argc, char** argv) {
@@ -42,16 +43,22 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);  // prints help, or the error with a hint
     return code == 0 ? 0 : kUsageError;
   }
+  const CLI::App* parsed = &app;
+  Wording wording;
   try {
-    for (const Command& c : commands)
-      if (c.app->parsed()) return c.run();
+    for (const Command& c : commands) {
+      if (!c.app->parsed()) continue;
+      parsed = c.app;
+      wording = c.wording;
+      return c.run();
+    }
     std::cerr << "lockstep: a subcommand is required\n" << app.help();
     return kUsageError;
-  } catch (const c10::ValueError& e) {
-    std::cerr << "lockstep: error: " << e.what_without_backtrace() << "\n";
+  } catch (const c10::ValueError& e) {  // see with_flag_names: the library's option names as flags
+    std::cerr << "lockstep: error: " << with_flag_names(e.what_without_backtrace(), *parsed, wording) << "\n";
     return kUsageError;
   } catch (const c10::Error& e) {
-    std::cerr << "lockstep: error: " << e.what_without_backtrace() << "\n";
+    std::cerr << "lockstep: error: " << with_flag_names(e.what_without_backtrace(), *parsed, wording) << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "lockstep: error: " << e.what() << "\n";

@@ -10,7 +10,7 @@
 #include "lockstep/core/process.h"
 #include "lockstep/models/zoo.h"
 #include "lockstep/train/lr_schedule.h"
-#include "lockstep/train/trainer.h"
+#include "lockstep/train/train.h"
 
 namespace lockstep::cli {
 
@@ -258,7 +258,13 @@ Command add_train_command(CLI::App& app) {
             auto result = train::train(o->progress(!*quiet));
             if (result.rank == 0) std::cout << result.profile << result.summary_json() << std::endl;
             return 0;
-          }};
+          },
+          {{"PipelineOptions::stages", "--stages"},
+           {"PipelineOptions::split", "--split"},
+           {"PipelineOptions::micro_batches", "--micro-batches"},
+           {"FsdpOptions::min_params", "--fsdp-min-params"},
+           {"StrategyOptions::opt_level", "--opt-level"},
+           {"under a launcher", "under a launcher (lockstep run --nproc-per-node N -- lockstep train ...)"}}};
 }
 
 }  // namespace lockstep::cli

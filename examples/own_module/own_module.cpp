@@ -1,5 +1,6 @@
-// Your own torch::nn::Module under any of lockstep's strategies: a residual MLP with LayerNorm and
-// GELU that no model zoo knows, trained on data held in memory, with the strategy chosen by a flag.
+// Your own torch::nn::Module on your own data under any of lockstep's strategies, through one
+// lockstep::train::Trainer: a residual MLP with LayerNorm and GELU that no model zoo knows, trained
+// on features held in memory, with the strategy chosen by a flag.
 //
 //   ./build/own_module --strategy local --global-batch 32                 # one process
 //   ./build/own_module --strategy dp --global-batch 32                    # one process, 2 replicas on threads
@@ -7,8 +8,10 @@
 //
 // The model lists its blocks (the units fsdp shards and gathers one at a time, and a pipeline cuts
 // into stages) by deriving from lockstep::models::Classifier; for local, dp, ddp, zero1 and zero2 any
-// module whose forward takes and returns one tensor will do. Every replica trains on its share of
-// each global batch, so the run ends where one process with the whole batch ends.
+// module whose forward takes and returns one tensor will do. The data implements
+// lockstep::train::TrainingData: a size and one sample by index, as a LibTorch Dataset. Every replica
+// trains on its share of each global batch, so the run ends where one process with the whole batch
+// ends.
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
@@ -18,9 +21,9 @@
 #include "lockstep/core/world.h"
 #include "lockstep/dist/process_group.h"
 #include "lockstep/models/classifier.h"
-#include "lockstep/models/state_dict.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/strategy_registry.h"
+#include "lockstep/train/trainer.h"
 
 using namespace lockstep;
 
@@ -64,6 +67,24 @@ TORCH_MODULE(ResidualMlp);
 
 constexpr int64_t kFeatures = 16, kClasses = 4;
 
+// The user's data: `n` samples of kFeatures random features (drawn from `seed`) whose class a
+// fixed linear map of the features decides, the same map for every split. Only size() and get()
+// are required; batches are stacked by the default collate.
+class Features : public train::TrainingData {
+ public:
+  Features(int64_t n, uint64_t seed) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    auto map_gen = at::make_generator<at::CPUGeneratorImpl>(/*seed=*/1234);
+    x_ = torch::randn({n, kFeatures}, gen);                                        // (N, 16)
+    y_ = x_.matmul(torch::randn({kFeatures, kClasses}, map_gen)).argmax(1);       // (N)
+  }
+  int64_t size() const override { return x_.size(0); }
+  train::Example get(int64_t i) const override { return {x_[i], y_[i]}; }  // (16), ()
+
+ private:
+  torch::Tensor x_, y_;
+};
+
 int main(int argc, char** argv) {
   std::string strategy_name = "local", out;
   int64_t global_batch = 32, steps = 20, seed = 0;
@@ -73,7 +94,7 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", strategy_name, "local, dp, ddp, zero1, zero2, fsdp or pipeline")
       ->check(CLI::IsMember(parallel::strategy_names()));
   app.add_option("--global-batch", global_batch, "samples per step, over all replicas")->check(CLI::PositiveNumber);
-  app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "optimizer steps (one epoch of steps x global batch samples)")->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "SGD learning rate (momentum 0.9)");
   app.add_option("--seed", seed, "weights and data");
   app.add_option("--out", out, "write the trained weights here (rank 0; torch.load reads them)");
@@ -83,46 +104,35 @@ int main(int argc, char** argv) {
     const WorldInfo world = world_from_env();
     std::unique_ptr<dist::ProcessGroup> group;  // under a launcher: every rank joins
     if (world.world_size > 1) group = dist::init_process_group();
-
-    // Data in memory: kFeatures features, kClasses classes that a linear map of the features decides.
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-    const torch::Tensor x = torch::randn({steps * global_batch, kFeatures}, gen);       // (N, 16)
-    const torch::Tensor y = x.matmul(torch::randn({kFeatures, kClasses}, gen)).argmax(1);  // (N)
+    const parallel::StrategyKind kind = parallel::parse_strategy(strategy_name);
+    // A pipeline's stages (one per rank) read the same batch: one replica; otherwise every rank is one.
+    const int64_t replicas = kind == parallel::StrategyKind::kPipeline ? 1 : world.world_size;
+    TORCH_CHECK_VALUE(global_batch % replicas == 0, "rank ", world.rank, ": --global-batch ", global_batch,
+                      " does not split evenly over ", replicas, " replicas; pass a multiple of ", replicas);
 
     torch::manual_seed(seed);  // the same initial weights on every rank (the strategies also broadcast rank 0's)
     const auto make = [] { return ResidualMlp(kFeatures, 32, 2, kClasses); };
     const optim::OptimizerOptions sgd = optim::OptimizerOptions(optim::OptimizerKind::kSGD, lr).momentum(0.9);
-    auto options = parallel::StrategyOptions()
-                       .optimizer([sgd](std::vector<torch::Tensor> p) { return optim::make_optimizer(std::move(p), sgd); })
-                       .group(group.get())
-                       .model_factory([make] { return torch::nn::AnyModule(make()); });  // dp's replicas
-    auto strategy = parallel::make_strategy(parallel::parse_strategy(strategy_name), torch::nn::AnyModule(make()),
-                                            std::move(options));
-
-    // A pipeline's stages read the same batch: each replica, not each rank, takes a share.
-    const int64_t replicas = world.world_size / strategy->ranks_per_replica();
-    const int64_t replica = world.rank / strategy->ranks_per_replica();
-    TORCH_CHECK_VALUE(global_batch % replicas == 0, "rank ", world.rank, ": --global-batch ", global_batch,
-                      " does not split evenly over ", replicas, " replicas; pass a multiple of ", replicas);
-    const int64_t rows = global_batch / replicas;
-    const auto loss = [](const torch::Tensor& out, const torch::Tensor& target) {
-      return torch::nn::functional::cross_entropy(out, target);
-    };
-    double first = 0.0, last = 0.0;
-    for (int64_t step = 0; step < steps; ++step) {
-      const int64_t begin = step * global_batch + replica * rows;
-      last = strategy->forward_backward({{x.narrow(0, begin, rows), y.narrow(0, begin, rows), 1.0}}, loss);
-      if (step == 0) first = last;
-      strategy->step();
-    }
-    const auto weights = strategy->model_state_dict();  // collective: every rank calls it
-    if (world.rank == 0) {
-      std::printf("%s, %lld rank(s), %lld replica(s) of %lld samples: loss %.4f at the first step, %.4f at the last\n",
-                  strategy->name().c_str(), static_cast<long long>(world.world_size), static_cast<long long>(replicas),
-                  static_cast<long long>(rows), first, last);
-      if (!out.empty()) models::save_state_dict(weights, out);
-    }
-    if (group) group->barrier();  // nobody tears the group down while rank 0 still writes
+    auto options =
+        train::TrainerOptions()
+            .strategy(kind)
+            .strategy_options(
+                parallel::StrategyOptions()
+                    .optimizer([sgd](std::vector<torch::Tensor> p) { return optim::make_optimizer(std::move(p), sgd); })
+                    .group(group.get())
+                    .model_factory([make] { return torch::nn::AnyModule(make()); }))  // dp's replicas
+            .batch_size(global_batch / replicas)  // per replica
+            .seed(seed)
+            .save_model(out);
+    train::Trainer trainer(torch::nn::AnyModule(make()), std::make_shared<Features>(steps * global_batch, seed), options,
+                           std::make_shared<Features>(1000, seed + 1));
+    const train::TrainResult r = trainer.fit();
+    if (world.rank == 0)
+      std::printf("%s, %lld rank(s), %lld replica(s) of %lld samples: loss %.4f at the first step, %.4f at the last; "
+                  "held-out accuracy %.3f\n",
+                  trainer.strategy().name().c_str(), static_cast<long long>(world.world_size),
+                  static_cast<long long>(replicas), static_cast<long long>(global_batch / replicas),
+                  r.step_losses.front(), r.step_losses.back(), r.test_acc);
   } catch (const c10::Error& e) {  // lockstep's errors name the value, the rank and the fix
     std::fprintf(stderr, "own_module: %s\n", e.what_without_backtrace());
     return 1;

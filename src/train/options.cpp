@@ -61,13 +61,9 @@ DataSplits load_data(const TrainOptions& o) {
   return s;
 }
 
-// What must be equal for a checkpoint to continue this run exactly (data order, step layout,
-// precision, optimizer).
-LrScheduleOptions TrainOptions::lr_schedule_options(int64_t world_size, int64_t micro_batches_per_epoch) const {
-  const int64_t steps_per_epoch = (micro_batches_per_epoch + accum_steps() - 1) / accum_steps();
-  return LrScheduleOptions(train::scale_lr(optimizer_options().lr(), scale_lr(), world_size * accum_steps()))
+LrScheduleOptions TrainOptions::lr_schedule_options() const {
+  return LrScheduleOptions(optimizer_options().lr())
       .kind(lr_schedule())
-      .total_steps(steps_per_epoch * epochs())
       .warmup_steps(warmup_steps())
       .step_size(lr_step_size())
       .gamma(lr_gamma())
@@ -236,7 +232,7 @@ models::NormLayer TrainOptions::norm_layer(dist::ProcessGroup* group) const {
   return parallel::sync_batch_norm_layer(*group);
 }
 
-parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* group, StepProfiler* profiler) const {
+parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* group) const {
   const optim::OptimizerOptions optimizer = optimizer_options();
   parallel::StrategyOptions s;
   s.optimizer([optimizer](std::vector<torch::Tensor> params) { return optim::make_optimizer(std::move(params), optimizer); })
@@ -245,7 +241,6 @@ parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* gro
       .clip_value(clip_value())
       .clip_norm(clip_norm())
       .group(group)
-      .profiler(profiler)
       .pipeline(parallel::PipelineOptions()
                     .stages(stages() > 0 ? stages() : static_cast<int64_t>(split().size()))
                     .micro_batches(micro_batches())

@@ -13,6 +13,7 @@
 #include "lockstep/models/gpt_mini.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/models/token_embeddings.h"
+#include "reference_data.h"
 
 namespace lockstep::train {
 namespace {
@@ -51,9 +52,10 @@ std::vector<std::string> read_token_lines(const std::string& path) {
   return tokens;
 }
 
-class TextData : public TrainData {
+// The corpus of a run, tokenised: both splits, the tokenizer and what the model needs of it.
+class TextCorpus {
  public:
-  explicit TextData(const TrainOptions& o) : o_(o) {
+  explicit TextCorpus(const TrainOptions& o) : o_(o) {
     data::LabelledCorpus corpus = data::read_labelled_corpus(o.text_path());
     std::vector<std::string> train_text, test_text;
     for (size_t i = 0; i < corpus.entries.size(); ++i) {
@@ -75,40 +77,57 @@ class TextData : public TrainData {
     encode(test_text, test_);
   }
 
-  std::shared_ptr<models::Classifier> make_model(const TrainOptions& o, dist::ProcessGroup*,
-                                                 bool initial_weights) const override {
+  std::shared_ptr<models::Classifier> make_model(bool initial_weights) const {
     auto model = std::make_shared<models::GptMiniImpl>(
-        models::GptMiniOptions(base_vocab_).context(o.max_length()).layers(o.n_layer()).heads(o.n_head())
-            .d_model(o.n_embd()).pad_id(pad_id_)
-            .num_classes(o.task() == TextTask::kClassify ? num_classes_ : 0));
-    if (initial_weights && !o.init_weights().empty()) models::load_state_dict_file(*model, o.init_weights());
+        models::GptMiniOptions(base_vocab_).context(o_.max_length()).layers(o_.n_layer()).heads(o_.n_head())
+            .d_model(o_.n_embd()).pad_id(pad_id_)
+            .num_classes(o_.task() == TextTask::kClassify ? num_classes_ : 0));
+    if (initial_weights && !o_.init_weights().empty()) models::load_state_dict_file(*model, o_.init_weights());
     if (tokenizer_->size() != base_vocab_) resize_token_embeddings(*model, tokenizer_->size(), init_);
     return model;
   }
 
-  std::vector<std::vector<int64_t>> micro_batches(int64_t epoch, int64_t replicas, int64_t replica) override {
-    std::vector<std::vector<int64_t>> out;
-    if (o_.max_tokens() == 0) {
-      out = fixed_micro_batches(static_cast<int64_t>(train_.size()), o_.batch_size(), o_.seed(), epoch, replicas, replica);
-    } else {
-      data::BucketBatchSampler sampler(lengths_, data::BucketBatchSamplerOptions().max_tokens(o_.max_tokens())
-                                                     .max_length(o_.max_length()).sort_size(o_.sort_size())
-                                                     .num_replicas(replicas).rank(replica).seed(o_.seed()));
-      sampler.set_epoch(epoch);
-      for (const auto& b : sampler.batches()) out.push_back(b.indices);
+  bool lm() const { return o_.task() == TextTask::kLm; }
+  const TrainOptions& options() const { return o_; }
+  const std::vector<std::vector<int64_t>>& sequences(bool train) const { return train ? train_ : test_; }
+  const std::vector<int64_t>& lengths() const { return lengths_; }
+
+  // Sequence `i` of a split: input (T) int64, truncated to --max-length; target (T) next tokens
+  // (lm) or its category (classify, 0-dim).
+  Example get(bool train, int64_t i) const {
+    const auto& s = (train ? train_ : test_)[i];
+    const int64_t shift = lm() ? 1 : 0;
+    const int64_t len = std::min<int64_t>(s.size() - shift, o_.max_length());
+    const torch::Tensor input = torch::tensor(std::vector<int64_t>(s.begin(), s.begin() + len), torch::kLong);
+    if (lm()) return {input, torch::tensor(std::vector<int64_t>(s.begin() + 1, s.begin() + 1 + len), torch::kLong)};
+    return {input, torch::tensor((train ? train_labels_ : test_labels_)[i], torch::kLong)};
+  }
+
+  // input (B, T) padded with <pad>; target (B, T) with -100 at padding (lm), or (B) categories.
+  Example collate(std::vector<Example> samples) const {
+    const auto B = static_cast<int64_t>(samples.size());
+    int64_t T = 0;
+    for (const Example& e : samples) T = std::max(T, e.data.size(0));
+    torch::Tensor input = torch::full({B, T}, pad_id_, torch::kLong);
+    torch::Tensor target = lm() ? torch::full({B, T}, kIgnoreIndex, torch::kLong) : torch::empty({B}, torch::kLong);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = samples[b].data.size(0);
+      input[b].narrow(0, 0, len).copy_(samples[b].data);
+      if (lm()) {
+        target[b].narrow(0, 0, len).copy_(samples[b].target);
+      } else {
+        target[b] = samples[b].target;
+      }
     }
-    padding_ = padding_fraction(out, lengths_, o_.max_length());
-    size_t sequences = 0;
-    for (const auto& b : out) sequences += b.size();
-    mean_batch_ = out.empty() ? 0.0 : static_cast<double>(sequences) / static_cast<double>(out.size());
-    return out;
+    return {input, target};
   }
 
-  std::pair<parallel::MicroBatch, int64_t> micro_batch(const std::vector<int64_t>& indices) const override {
-    return batch(train_, train_labels_, indices);
+  // Target tokens (lm) or sequences (classify).
+  int64_t count(const Example& batch) const {
+    return lm() ? batch.target.ne(kIgnoreIndex).sum().item<int64_t>() : batch.data.size(0);
   }
 
-  torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const override {
+  torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const {
     namespace F = torch::nn::functional;
     if (output.dim() == 2) return F::cross_entropy(output, target);  // classify: (B, classes), (B)
     // lm: (B, T, V), (B, T) -> the mean over the real target tokens
@@ -116,53 +135,13 @@ class TextData : public TrainData {
                             F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
   }
 
-  Evaluation evaluate(torch::nn::Module& module, const ForwardFunction& forward,
-                      dist::ProcessGroup* group) const override {
-    torch::NoGradGuard no_grad;
-    const bool was_training = module.is_training();
-    module.eval();
-    const int64_t n = static_cast<int64_t>(test_.size());
-    const int64_t rank = group ? group->rank() : 0, world = group ? group->size() : 1;
-    // [summed loss or correct answers, tokens or sequences]
-    torch::Tensor sums = torch::zeros({2}, torch::kDouble);
-    for (int64_t start = n * rank / world, end = n * (rank + 1) / world; start < end; start += kEvalBatch) {
-      std::vector<int64_t> idx;
-      for (int64_t i = start; i < std::min(start + kEvalBatch, end); ++i) idx.push_back(i);
-      auto [mb, count] = batch(test_, test_labels_, idx);
-      const torch::Tensor out = forward(mb.input).to(torch::kFloat);
-      const double value = lm() ? loss(out, mb.target).item<double>() * static_cast<double>(count)
-                                : static_cast<double>(out.argmax(1).eq(mb.target).sum().item<int64_t>());
-      sums[0] += value;
-      sums[1] += count;
-    }
-    module.train(was_training);
-    if (group) group->all_reduce(sums);
-    Evaluation e;
-    const double mean = sums[0].item<double>() / sums[1].item<double>();
-    if (lm()) {
-      e.loss = mean;
-      e.perplexity = std::exp(mean);
-    } else {
-      e.accuracy = mean;
-    }
-    return e;
-  }
-
-  void save_beside_checkpoints(const std::string& dir) const override {
+  void save_tokenizer(const std::string& dir) const {
     tokenizer_->save((std::filesystem::path(dir) / kTokenizerFile).string());
   }
-
-  std::vector<std::pair<std::string, double>> figures() const override {
-    std::vector<std::pair<std::string, double>> f{{"padding_fraction", padding_},
-                                                  {"mean_batch_sequences", mean_batch_},
-                                                  {"vocab_size", static_cast<double>(tokenizer_->size())}};
-    if (lm()) f.emplace_back("unigram_perplexity", unigram_);
-    return f;
-  }
+  int64_t vocab_size() const { return tokenizer_->size(); }
+  double unigram_baseline() const { return unigram_; }
 
  private:
-  bool lm() const { return o_.task() == TextTask::kLm; }
-
   void load_tokenizer(const std::vector<std::string>& train_text) {
     const std::string resumed = resumed_tokenizer(o_);
     if (!o_.tokenizer().empty()) {
@@ -203,33 +182,6 @@ class TextData : public TrainData {
     return t;
   }
 
-  // input (B, T) int64 padded with <pad>; target (B, T) next tokens with -100 at padding (lm), or
-  // (B) categories (classify). Counts target tokens (lm) or sequences.
-  std::pair<parallel::MicroBatch, int64_t> batch(const std::vector<std::vector<int64_t>>& seqs,
-                                                 const std::vector<int64_t>& labels,
-                                                 const std::vector<int64_t>& indices) const {
-    const int64_t shift = lm() ? 1 : 0, B = static_cast<int64_t>(indices.size());
-    int64_t T = 0;
-    for (int64_t i : indices) T = std::max<int64_t>(T, std::min<int64_t>(seqs[i].size() - shift, o_.max_length()));
-    torch::Tensor input = torch::full({B, T}, pad_id_, torch::kLong);
-    torch::Tensor target = lm() ? torch::full({B, T}, kIgnoreIndex, torch::kLong) : torch::empty({B}, torch::kLong);
-    auto in = input.accessor<int64_t, 2>();
-    int64_t count = lm() ? 0 : B;
-    for (int64_t b = 0; b < B; ++b) {
-      const auto& s = seqs[indices[b]];
-      const int64_t len = std::min<int64_t>(s.size() - shift, o_.max_length());
-      for (int64_t t = 0; t < len; ++t) in[b][t] = s[t];
-      if (lm()) {
-        auto tg = target.accessor<int64_t, 2>();
-        for (int64_t t = 0; t < len; ++t) tg[b][t] = s[t + 1];
-        count += len;
-      } else {
-        target[b] = labels[indices[b]];
-      }
-    }
-    return {{input, target}, count};
-  }
-
   const TrainOptions& o_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   models::EmbeddingInit init_;
@@ -238,14 +190,69 @@ class TextData : public TrainData {
   std::vector<int64_t> train_labels_, test_labels_;
   std::vector<int64_t> lengths_;  // per training sequence
   double unigram_ = NAN;
-  double padding_ = NAN;     // of the last epoch's micro-batches on this rank
+};
+
+
+
+// One split of the corpus as training data: the training split batches by --batch-size or by
+// --max-tokens and reports its padding.
+class TextSplit : public TrainingData {
+ public:
+  TextSplit(std::shared_ptr<const TextCorpus> corpus, bool train) : corpus_(std::move(corpus)), train_(train) {}
+
+  int64_t size() const override { return static_cast<int64_t>(corpus_->sequences(train_).size()); }
+  Example get(int64_t index) const override { return corpus_->get(train_, index); }
+  Example collate(std::vector<Example> samples) const override { return corpus_->collate(std::move(samples)); }
+  int64_t count(const Example& batch) const override { return corpus_->count(batch); }
+
+  std::vector<std::vector<int64_t>> batches(const EpochBatches& epoch) override {
+    const TrainOptions& o = corpus_->options();
+    std::vector<std::vector<int64_t>> out;
+    if (o.max_tokens() == 0) {
+      out = sampler_batches(size(), epoch);
+    } else {
+      data::BucketBatchSampler sampler(corpus_->lengths(), data::BucketBatchSamplerOptions().max_tokens(o.max_tokens())
+                                           .max_length(o.max_length()).sort_size(o.sort_size())
+                                           .num_replicas(epoch.replicas).rank(epoch.replica).seed(epoch.seed));
+      sampler.set_epoch(epoch.epoch);
+      for (const auto& b : sampler.batches()) out.push_back(b.indices);
+    }
+    padding_ = padding_fraction(out, corpus_->lengths(), o.max_length());
+    size_t sequences = 0;
+    for (const auto& b : out) sequences += b.size();
+    mean_batch_ = out.empty() ? 0.0 : static_cast<double>(sequences) / static_cast<double>(out.size());
+    return out;
+  }
+
+  void save_beside_checkpoints(const std::string& dir) const override { corpus_->save_tokenizer(dir); }
+
+  std::vector<std::pair<std::string, double>> figures() const override {
+    std::vector<std::pair<std::string, double>> f{{"padding_fraction", padding_},
+                                                  {"mean_batch_sequences", mean_batch_},
+                                                  {"vocab_size", static_cast<double>(corpus_->vocab_size())}};
+    if (corpus_->lm()) f.emplace_back("unigram_perplexity", corpus_->unigram_baseline());
+    return f;
+  }
+
+ private:
+  std::shared_ptr<const TextCorpus> corpus_;
+  bool train_;
+  double padding_ = NAN;     // of the last epoch's batches on this rank
   double mean_batch_ = NAN;  // their mean number of sequences
 };
 
 }  // namespace
 
-std::unique_ptr<TrainData> make_text_data(const TrainOptions& o, dist::ProcessGroup*) {
-  return std::make_unique<TextData>(o);
+ReferenceData make_text_data(const TrainOptions& o) {
+  auto corpus = std::make_shared<const TextCorpus>(o);
+  ReferenceData d;
+  d.train = std::make_shared<TextSplit>(corpus, /*train=*/true);
+  d.test = std::make_shared<TextSplit>(corpus, /*train=*/false);
+  d.make_model = [corpus](dist::ProcessGroup*, bool initial_weights) { return corpus->make_model(initial_weights); };
+  d.loss = [corpus](const torch::Tensor& output, const torch::Tensor& target) { return corpus->loss(output, target); };
+  d.metric = corpus->lm() ? Metric::kPerplexity : Metric::kAccuracy;
+  d.eval_batch_size = kEvalBatch;
+  return d;
 }
 
 double unigram_perplexity(const std::vector<int64_t>& train, const std::vector<int64_t>& test, int64_t vocab_size) {

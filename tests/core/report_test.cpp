@@ -10,7 +10,7 @@
 #include "../test_util.h"
 #include "lockstep/launch/launcher.h"
 #include "lockstep/log/run_log.h"
-#include "lockstep/train/trainer.h"
+#include "lockstep/train/train.h"
 
 namespace lockstep {
 namespace {

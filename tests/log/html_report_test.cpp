@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "../test_util.h"
-#include "lockstep/train/trainer.h"
+#include "lockstep/train/train.h"
 
 namespace lockstep::log {
 namespace {

@@ -9,7 +9,7 @@
 #include "lockstep/models/mlp.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/strategy_registry.h"
-#include "lockstep/train/trainer.h"
+#include "lockstep/train/train.h"
 
 namespace lockstep::parallel {
 namespace {

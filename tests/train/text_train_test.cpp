@@ -9,7 +9,7 @@
 #include "../test_util.h"
 #include "lockstep/data/tokenizer.h"
 #include "lockstep/train/text_data.h"
-#include "lockstep/train/trainer.h"
+#include "lockstep/train/train.h"
 #include "text_corpus.h"
 
 namespace lockstep::train {

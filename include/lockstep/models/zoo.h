@@ -12,8 +12,8 @@ namespace lockstep::models {
 // The reference models by name: "convnet", "mlp", "mlp-wide", "resnet18".
 const std::vector<std::string>& model_names();
 
-// The text models: "gpt-mini" (gpt_mini.h), sized by a tokenizer, so built by
-// train::make_train_data rather than make_model.
+// The text models: "gpt-mini" (gpt_mini.h), sized by a tokenizer, so built by `lockstep train`'s
+// text data (src/train/text_data.cpp) rather than make_model.
 const std::vector<std::string>& text_model_names();
 
 // Throws c10::ValueError naming `name` and the known names when it is not a reference model.

@@ -33,7 +33,7 @@ namespace lockstep::parallel {
 // differs between strategies is behind these methods: how micro-batches run and when gradients
 // travel, where the optimizer state lives, what a rank saves and how much memory it holds. A new
 // strategy is one header/source pair and one line in the registry (strategy_registry.h); a user's
-// program can pass its own subclass to the same loop.
+// program passes its own subclass to the same loop through train::TrainerOptions::make_strategy.
 
 // One micro-batch of an optimizer step.
 struct MicroBatch {

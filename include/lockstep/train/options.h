@@ -159,10 +159,10 @@ struct TrainOptions {
   // the fix when `group` is null: one process), BatchNorm2d otherwise.
   models::NormLayer norm_layer(dist::ProcessGroup* group) const;
   // The strategy's settings (precision, loss scaling, clipping, optimizer), over `group`.
-  parallel::StrategyOptions strategy_options(dist::ProcessGroup* group, StepProfiler* profiler) const;
-  // The learning-rate schedule of a run of `world_size` ranks with `micro_batches_per_epoch`
-  // micro-batches per rank and epoch; --lr scaled by --scale-lr first.
-  LrScheduleOptions lr_schedule_options(int64_t world_size, int64_t micro_batches_per_epoch) const;
+  parallel::StrategyOptions strategy_options(dist::ProcessGroup* group) const;
+  // The learning-rate schedule from --lr, unscaled, over the whole run (total_steps 0: the
+  // Trainer counts them); the Trainer scales base_lr by --scale-lr.
+  LrScheduleOptions lr_schedule_options() const;
   // What a checkpoint records of the run and a resumed run must share: model, data, limit,
   // accum_steps, seed, precision, opt_level, loss_scale, optimizer; and world_size and batch_size,
   // which may change (see Note [Resuming on another world size]).

@@ -22,14 +22,9 @@
 // has the same number per epoch.
 
 #include <cstdint>
-#include <memory>
 #include <vector>
 
-#include "lockstep/train/train_data.h"
-
 namespace lockstep::train {
-
-std::unique_ptr<TrainData> make_text_data(const TrainOptions& o, dist::ProcessGroup* group);
 
 // The perplexity of `test` under the add-one smoothed unigram distribution of `train` over a
 // vocabulary of `vocab_size` ids: exp(-mean over test tokens of log((count + 1) / (N + V))).

@@ -1,0 +1,89 @@
+// `lockstep train`'s run: the process set up as the options say, a built-in data set and its
+// reference model handed to a Trainer.
+#include "lockstep/train/train.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+
+#include "lockstep/core/heap.h"
+#include "lockstep/core/names.h"
+#include "lockstep/core/process.h"
+#include "lockstep/core/world.h"
+#include "lockstep/train/trainer.h"
+#include "reference_data.h"
+
+namespace lockstep::train {
+namespace {
+
+// The JSONL log's first line: what `lockstep report` shows as the run's settings.
+nlohmann::ordered_json run_settings_event(const TrainOptions& o, int64_t world_size, int64_t threads) {
+  return {{"model", o.model()}, {"data", enum_name(data_source_names(), o.data())}, {"limit", o.limit()},
+          {"epochs", o.epochs()}, {"batch_size", o.batch_size()}, {"world_size", world_size}, {"threads", threads},
+          {"strategy", parallel::to_string(o.resolved_strategy(world_size))},
+          {"optimizer", optim::to_string(o.optimizer())}, {"lr", o.optimizer_options().lr()},
+          {"lr_schedule", enum_name(lr_schedule_names(), o.lr_schedule())}, {"warmup_steps", o.warmup_steps()},
+          {"precision", enum_name(precision_names(), o.precision())},
+          {"opt_level", amp::to_string(o.resolved_opt_level())}, {"loss_scale", o.resolved_loss_scale()},
+          {"accum_steps", o.accum_steps()}, {"clip_value", o.clip_value()}, {"clip_norm", o.clip_norm()},
+          {"sync_bn", o.sync_bn()}, {"seed", o.seed()}};
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& o) {
+  o.validate();
+  const WorldInfo world = world_from_env();
+  if (world.rank == 0) o.check_output_paths();  // rank 0 writes them
+  configure_heap();  // See Note [Keeping freed memory for the next step]
+  const int64_t threads = o.threads() > 0 ? o.threads() : default_intra_op_threads();
+  torch::set_num_threads(static_cast<int>(threads));
+  torch::manual_seed(o.seed());
+  if (o.deterministic()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  std::unique_ptr<dist::ProcessGroup> group;
+  if (world.world_size > 1)
+    group = dist::init_process_group(dist::InitOptions().timeout(
+        std::chrono::milliseconds(static_cast<int64_t>(std::llround(o.timeout() * 1000.0)))));
+
+  ReferenceData data = o.text() ? make_text_data(o) : make_image_data(o);
+  // The weights are final before the strategy converts, broadcasts or shards them.
+  auto model = data.make_model(group.get(), /*initial_weights=*/true);
+  auto strategy_options = o.strategy_options(group.get());
+  strategy_options.model_factory([make = data.make_model, g = group.get()] {
+    return torch::nn::AnyModule(make(g, /*initial_weights=*/false));
+  });
+  const TrainerOptions options =
+      TrainerOptions()
+          .strategy(o.resolved_strategy(world.world_size))
+          .strategy_options(std::move(strategy_options))
+          .checkpoint(CheckpointerOptions().dir(o.checkpoint_dir()).save_every(o.save_every()).keep_last(o.keep_last())
+                          .resume(o.resume()).format(o.checkpoint_format()))
+          .run_settings(o.run_settings(world.world_size))
+          .lr_schedule(o.lr_schedule_options())
+          .scale_lr(o.scale_lr())
+          .log(log::RunLogOptions().jsonl(o.log_jsonl()).tensorboard(o.tensorboard()).reporter(o.reporter()))
+          .settings(run_settings_event(o, world.world_size, threads))
+          .epochs(o.epochs())
+          .batch_size(o.batch_size())
+          .accum_steps(o.accum_steps())
+          .seed(o.seed())
+          .loss(data.loss)
+          .metric(data.metric)
+          .eval_batch_size(data.eval_batch_size)
+          .checkpoint_activations(o.checkpoint_activations())
+          .max_skipped_steps(o.max_skipped_steps())
+          .log_every(o.log_every())
+          .save_model(o.save_model())
+          .profile(o.profile())
+          .trace(o.trace())
+          .report_memory(o.report_memory())
+          .progress(o.progress() ? &std::cout : nullptr)
+          .reporter(o.reporter())
+          .inject_nan_step(o.inject_nan_step())
+          .inject_nan_rank(o.inject_nan_rank());
+  return Trainer(torch::nn::AnyModule(model), data.train, options, data.test).fit();
+}
+
+}  // namespace lockstep::train
