@@ -9,8 +9,8 @@ namespace {
 // model, so O2's masters agree across ranks and the weights travel once.
 torch::nn::AnyModule synced(torch::nn::AnyModule model, const StrategyOptions& options) {
   TORCH_CHECK_VALUE(options.group() != nullptr,
-                    "the ddp strategy needs a process group: StrategyOptions().group(...), or run under a launcher "
-                    "(lockstep run --nproc-per-node N)");
+                    "the ddp strategy needs a process group: StrategyOptions().group(...), with the program started "
+                    "under a launcher");
   sync_module_states(*model.ptr(), *options.group());
   return model;
 }

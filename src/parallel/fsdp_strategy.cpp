@@ -100,7 +100,7 @@ FsdpStrategy::FsdpStrategy(torch::nn::AnyModule model, StrategyOptions options)
       group_(sharding_group(options_, "fsdp", "the parameters")),
       guard_(&group_) {
   check_strategy_options(options_);
-  TORCH_CHECK_VALUE(options_.fsdp().min_params() >= 0, "rank ", group_.rank(), ": --fsdp-min-params ",
+  TORCH_CHECK_VALUE(options_.fsdp().min_params() >= 0, "rank ", group_.rank(), ": FsdpOptions::min_params ",
                     options_.fsdp().min_params(), " must be >= 0 (0: one unit per block of the model)");
   if (options_.profiler() == nullptr)
     disabled_profiler_ = std::make_unique<StepProfiler>(StepProfilerOptions().enabled(false));

@@ -38,7 +38,7 @@ std::vector<int64_t> stage_boundaries(const std::vector<models::Block>& blocks, 
   const int64_t n = static_cast<int64_t>(blocks.size());
   std::vector<std::string> names;
   for (const auto& b : blocks) names.push_back(b.name);
-  TORCH_CHECK_VALUE(stages <= n, "--stages ", stages, " is more than the model's ", n, " blocks (",
+  TORCH_CHECK_VALUE(stages <= n, "PipelineOptions::stages ", stages, " is more than the model's ", n, " blocks (",
                     c10::Join(", ", names), "): every stage needs at least one block; use at most ", n, " stages");
   std::vector<int64_t> counts = o.split();
   if (counts.empty()) {
@@ -50,11 +50,11 @@ std::vector<int64_t> stage_boundaries(const std::vector<models::Block>& blocks, 
     }
     counts = balanced_split(sizes, stages);
   }
-  TORCH_CHECK_VALUE(static_cast<int64_t>(counts.size()) == stages, "--split ", c10::Join(",", counts), " has ",
+  TORCH_CHECK_VALUE(static_cast<int64_t>(counts.size()) == stages, "PipelineOptions::split ", c10::Join(",", counts), " has ",
                     counts.size(), " entries for ", stages, " stages: give one block count per stage");
   for (int64_t c : counts)
-    TORCH_CHECK_VALUE(c >= 1, "--split ", c10::Join(",", counts), ": every stage needs at least one block");
-  TORCH_CHECK_VALUE(std::accumulate(counts.begin(), counts.end(), int64_t{0}) == n, "--split ",
+    TORCH_CHECK_VALUE(c >= 1, "PipelineOptions::split ", c10::Join(",", counts), ": every stage needs at least one block");
+  TORCH_CHECK_VALUE(std::accumulate(counts.begin(), counts.end(), int64_t{0}) == n, "PipelineOptions::split ",
                     c10::Join(",", counts), " covers ", std::accumulate(counts.begin(), counts.end(), int64_t{0}),
                     " blocks but the model has ", n, " (", c10::Join(", ", names), "): the counts must sum to ", n);
   std::vector<int64_t> boundaries{0};
@@ -82,13 +82,13 @@ PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions o
                     "models::Classifier (a reference model, or a subclass that lists its blocks())");
   check_strategy_options(options_);
   TORCH_CHECK_VALUE(options_.opt_level() == amp::OptLevel::kO0, "the pipeline strategy trains in fp32 only, but the "
-                    "opt level is ", amp::to_string(options_.opt_level()), ": drop --precision and --opt-level");
+                    "opt level is ", amp::to_string(options_.opt_level()), ": set StrategyOptions::opt_level O0");
   const PipelineOptions& p = options_.pipeline();
   const int64_t world = group_ ? group_->size() : 1;
   rank_ = group_ ? group_->rank() : 0;
   stages_ = p.stages() > 0 ? p.stages() : world;
-  TORCH_CHECK_VALUE(p.stages() >= 0, "--stages ", p.stages(), " must be >= 1 (0: one stage per rank)");
-  TORCH_CHECK_VALUE(p.micro_batches() >= 1, "--micro-batches ", p.micro_batches(), " must be at least 1");
+  TORCH_CHECK_VALUE(p.stages() >= 0, "PipelineOptions::stages ", p.stages(), " must be >= 1 (0: one stage per rank)");
+  TORCH_CHECK_VALUE(p.micro_batches() >= 1, "PipelineOptions::micro_batches ", p.micro_batches(), " must be at least 1");
   blocks_ = model_->blocks();
   PipelineOptions cut = p;
   if (cut.split().empty() && cut.balance() == PipelineBalance::kTime) {
@@ -97,7 +97,7 @@ PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions o
     cut.split(split_by_time(blocks_, cut.balance_input(), stages_, group_, options_.reporter()));
   }
   first_block_of_stage_ = stage_boundaries(blocks_, cut, stages_);
-  TORCH_CHECK_VALUE(world % stages_ == 0, "rank ", rank_, ": the world size ", world, " is not divisible by --stages ",
+  TORCH_CHECK_VALUE(world % stages_ == 0, "rank ", rank_, ": the world size ", world, " is not divisible by PipelineOptions::stages ",
                     stages_, ": a pipeline replica needs ", stages_, " ranks; start a multiple of ", stages_, " ranks");
   replicas_ = world / stages_;
   stage_ = rank_ % stages_;

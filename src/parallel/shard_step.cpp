@@ -23,12 +23,12 @@ torch::Tensor squared_shard_norms(dist::ProcessGroup& group, const std::vector<t
 
 dist::ProcessGroup& sharding_group(const StrategyOptions& options, const std::string& name, const std::string& shards) {
   TORCH_CHECK_VALUE(options.group() != nullptr, "the ", name, " strategy shards ", shards,
-                    " across ranks and needs a process group: StrategyOptions().group(...), or run under a launcher "
-                    "(lockstep run --nproc-per-node N); one process trains with the local strategy");
+                    " across ranks and needs a process group: StrategyOptions().group(...), with the program started "
+                    "under a launcher; one process trains with the local strategy");
   const amp::OptLevel level = options.opt_level();
   TORCH_CHECK_VALUE(level == amp::OptLevel::kO0 || level == amp::OptLevel::kO1, "rank ", options.group()->rank(),
                     ": the ", name, " strategy trains at O0 (fp32) and O1 (autocast), not ", amp::to_string(level),
-                    ": use --opt-level O1, or the ddp strategy for O2 and O3");
+                    ": set StrategyOptions::opt_level O1, or use the ddp strategy for O2 and O3");
   return *options.group();
 }
 

@@ -207,11 +207,11 @@ void load_sharded_state(const ShardedState& state, const std::vector<ShardLayout
                     group.size(), ": each rank loads its own file of a checkpoint written on as many ranks");
   TORCH_CHECK_VALUE(state.layouts.size() == layouts.size(), "rank ", rank, ": ", source, " holds ",
                     state.layouts.size(), " units but this run has ", layouts.size(),
-                    "; resume with the --fsdp-min-params it was written with, or under another strategy");
+                    "; resume with the FsdpOptions::min_params it was written with, or under another strategy");
   for (size_t k = 0; k < layouts.size(); ++k)
     TORCH_CHECK_VALUE(state.layouts[k] == layouts[k], "rank ", rank, ": ", source, "'s unit ", k, " is ",
                       state.layouts[k].describe(), " but this run's is ", layouts[k].describe(),
-                      "; resume with the model and --fsdp-min-params it was written with, or under another strategy");
+                      "; resume with the model and FsdpOptions::min_params it was written with, or under another strategy");
   for (size_t k = 0; k < shards.size(); ++k)
     TORCH_CHECK(state.shards[k].sizes() == shards[k].sizes(), "rank ", rank, ": ", source, "'s shard of unit '",
                 layouts[k].name, "' has shape ", state.shards[k].sizes(), " but this rank's has ", shards[k].sizes());

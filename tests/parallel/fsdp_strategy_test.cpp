@@ -178,13 +178,13 @@ TEST(FsdpStrategy, BadConfigurationsAreRefusedNamingTheFix) {
   EXPECT_THAT(testing::error_message(
                   [&] { make_strategy(StrategyKind::kFsdp, model(), with_optimizer(OptimizerKind::kAdam)); }),
               HasSubstr("the fsdp strategy shards the parameters across ranks and needs a process group: "
-                        "StrategyOptions().group(...), or run under a launcher (lockstep run --nproc-per-node N)"));
+                        "StrategyOptions().group(...), with the program started under a launcher"));
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(&group);
     EXPECT_THAT(testing::error_message([&] { FsdpStrategy(model(), StrategyOptions(options).opt_level(amp::OptLevel::kO2)); }),
                 HasSubstr("rank " + std::to_string(rank) + ": the fsdp strategy trains at O0 (fp32) and O1 (autocast), not O2"));
     EXPECT_THAT(testing::error_message([&] { FsdpStrategy(model(), StrategyOptions(options).fsdp(FsdpOptions().min_params(-1))); }),
-                HasSubstr("--fsdp-min-params -1 must be >= 0"));
+                HasSubstr("FsdpOptions::min_params -1 must be >= 0"));
   });
 }
 

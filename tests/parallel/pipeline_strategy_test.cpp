@@ -272,12 +272,12 @@ TEST(PipelineStrategy, BadConfigurationsFailBeforeTraining) {
   EXPECT_THAT(testing::error_message([] {
                 PipelineStrategy(torch::nn::AnyModule(models::make_model("mlp")), sgd().pipeline(PipelineOptions().stages(3)));
               }),
-              HasSubstr("--stages 3 is more than the model's 2 blocks (fc1, fc2)"));
+              HasSubstr("PipelineOptions::stages 3 is more than the model's 2 blocks (fc1, fc2)"));
   EXPECT_THAT(testing::error_message([] {
                 PipelineStrategy(torch::nn::AnyModule(models::make_model("convnet")),
                                  sgd().pipeline(PipelineOptions().stages(1).split({2, 2})));
               }),
-              HasSubstr("--split 2,2 has 2 entries for 1 stages"));
+              HasSubstr("PipelineOptions::split 2,2 has 2 entries for 1 stages"));
   EXPECT_THAT(testing::error_message([] {
                 train::TrainOptions().strategy(StrategyKind::kPipeline).batch_size(4).micro_batches(8).validate();
               }),
@@ -289,7 +289,7 @@ TEST(PipelineStrategy, BadConfigurationsFailBeforeTraining) {
     });
   });
   for (int64_t r = 0; r < 3; ++r)
-    EXPECT_THAT(messages[r], HasSubstr("rank " + std::to_string(r) + ": the world size 3 is not divisible by --stages 2"));
+    EXPECT_THAT(messages[r], HasSubstr("rank " + std::to_string(r) + ": the world size 3 is not divisible by PipelineOptions::stages 2"));
 }
 
 }  // namespace
