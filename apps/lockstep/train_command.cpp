@@ -22,10 +22,10 @@ void parse_injection(const std::string& text, train::TrainOptions& o) {
   bool ok = true;
   try {
     size_t used = 0;
-    o.inject_nan_step(std::stoll(text.substr(0, at), &used));
+    o.trainer().inject_nan_step(std::stoll(text.substr(0, at), &used));
     ok = used == (at == std::string::npos ? text.size() : at);
     if (at != std::string::npos) {
-      o.inject_nan_rank(std::stoll(text.substr(at + 1), &used));
+      o.trainer().inject_nan_rank(std::stoll(text.substr(at + 1), &used));
       ok = ok && used == text.size() - at - 1;
     }
   } catch (const std::logic_error&) {
@@ -93,6 +93,12 @@ Command add_train_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train a reference model; prints one JSON summary line last");
   cmd->option_defaults()->always_capture_default();
   auto o = std::make_shared<train::TrainOptions>();
+  // The flags write into each component's own options (see TrainOptions).
+  train::TrainerOptions& t = o->trainer();
+  parallel::StrategyOptions& so = t.strategy_options();
+  parallel::PipelineOptions& pipeline = so.pipeline();
+  train::CheckpointerOptions& checkpoint = t.checkpoint();
+  train::LrScheduleOptions& schedule = o->lr_schedule();
   auto quiet = std::make_shared<bool>(false);
 
   std::vector<std::string> models = models::model_names();
@@ -111,25 +117,25 @@ Command add_train_command(CLI::App& app) {
                                         "(/usr/share/games/fortunes) or text:FILE (one entry per line, or '%' "
                                         "separators)")
       ->default_str("fashion-mnist");
-  add_enum_option<parallel::StrategyKind>(cmd, "--strategy", parallel::strategy_names(), [o](auto v) { o->strategy(v); },
+  add_enum_option<parallel::StrategyKind>(cmd, "--strategy", parallel::strategy_names(), [o](auto v) { o->trainer().strategy(v); },
                                           "How ranks hold and step the model", "ddp under a launcher, else local");
-  cmd->add_option("--replicas", o->replicas(),
+  cmd->add_option("--replicas", so.replicas(),
                   "dp: model replicas, one thread each (0: the intra-op thread count, at least 2)")
       ->check(cli::non_negative_count());
   cmd->add_flag("--sync-bn", o->sync_bn(),
                 "SyncBatchNorm: BatchNorm statistics over the global batch of all ranks (needs a launcher)");
-  cmd->add_flag("--checkpoint-activations", o->checkpoint_activations(),
+  cmd->add_flag("--checkpoint-activations", t.checkpoint_activations(),
                 "Recompute each block's activations in backward instead of keeping them (less memory, one more "
                 "forward)");
   cmd->add_option("--data-dir", o->data_dir(), "Directory with the Fashion-MNIST IDX files");
   cmd->add_option("--limit", o->limit(), "Use only the first N training samples (0: all)")
       ->check(cli::non_negative_count());
-  cmd->add_option("--epochs", o->epochs(), "Epochs to train")->check(cli::positive_count());
-  cmd->add_option("--batch-size", o->batch_size(), "Samples per step, per process")
+  cmd->add_option("--epochs", t.epochs(), "Epochs to train")->check(cli::positive_count());
+  cmd->add_option("--batch-size", t.batch_size(), "Samples per step, per process")
       ->check(cli::positive_count());
   add_text_options(cmd, o);
   auto* opt = "Optimizer";
-  add_enum_option<optim::OptimizerKind>(cmd, "--optimizer", optim::optimizer_names(), [o](auto v) { o->optimizer(v); },
+  add_enum_option<optim::OptimizerKind>(cmd, "--optimizer", optim::optimizer_names(), [o](auto v) { o->optimizer().kind(v); },
                                         "Optimizer, with PyTorch's defaults", "sgd")
       ->group(opt);
   cmd->add_option_function<double>("--lr", [o](double v) { o->lr(v); }, "Learning rate")
@@ -139,11 +145,11 @@ Command add_train_command(CLI::App& app) {
   auto betas = std::make_shared<std::vector<double>>();
   cmd->add_option("--betas", *betas, "adam, adamw: beta1,beta2 (default 0.9,0.999)")->delimiter(',')->expected(2)
       ->group(opt);
-  cmd->add_option("--eps", o->eps(), "adam, adamw: term added to the denominator")->check(cli::positive_number())->group(opt);
-  cmd->add_option_function<double>("--weight-decay", [o](double v) { o->weight_decay(v); },
+  cmd->add_option("--eps", o->optimizer().eps(), "adam, adamw: term added to the denominator")->check(cli::positive_number())->group(opt);
+  cmd->add_option_function<double>("--weight-decay", [o](double v) { o->optimizer().weight_decay(v); },
                                     "Weight decay (adamw: decoupled)")
       ->default_str("0.01 for adamw, 0 otherwise")->check(cli::non_negative_number())->group(opt);
-  cmd->add_option("--seed", o->seed(), "Seed for initialisation and data order");
+  cmd->add_option("--seed", t.seed(), "Seed for initialisation and data order");
   cmd->add_option("--threads", o->threads(),
                   "Intra-op threads (0: cores / LOCAL_WORLD_SIZE, here " +
                       std::to_string(default_intra_op_threads()) + ")")
@@ -152,31 +158,31 @@ Command add_train_command(CLI::App& app) {
                   "Seconds the rendezvous and each collective may take before the run fails naming the rank that "
                   "did not arrive")
       ->check(cli::positive_number())->capture_default_str();
-  cmd->add_option("--save-model", o->save_model(),
+  cmd->add_option("--save-model", t.save_model(),
                   "Write the final state dict here (readable by Python's torch.load)");
   cmd->add_flag("--quiet", *quiet, "No progress display (the JSON summary is still printed)");
   cmd->add_flag("--deterministic", o->deterministic(), "Use only LibTorch's deterministic algorithms");
-  cmd->add_option("--log-jsonl", o->log_jsonl(), "Write one JSON line per logged step and per epoch to FILE (appended to when resuming)");
-  cmd->add_option("--log-every", o->log_every(), "Optimizer steps between logged steps")->check(cli::positive_count());
+  cmd->add_option("--log-jsonl", t.log().jsonl(), "Write one JSON line per logged step and per epoch to FILE (appended to when resuming)");
+  cmd->add_option("--log-every", t.log_every(), "Optimizer steps between logged steps")->check(cli::positive_count());
 
-  cmd->add_option("--tensorboard", o->tensorboard(), "Write TensorBoard event files (scalars) to DIR");
-  cmd->add_flag("--profile", o->profile(), "Print each step phase's mean time and share of the step at the end");
-  cmd->add_option("--trace", o->trace(), "Write the step phases as a Chrome trace (chrome://tracing, Perfetto)");
+  cmd->add_option("--tensorboard", t.log().tensorboard(), "Write TensorBoard event files (scalars) to DIR");
+  cmd->add_flag("--profile", t.profile(), "Print each step phase's mean time and share of the step at the end");
+  cmd->add_option("--trace", t.trace(), "Write the step phases as a Chrome trace (chrome://tracing, Perfetto)");
 
   auto* lr = "Learning rate";
   add_enum_option<train::LrScheduleKind>(cmd, "--lr-schedule", train::lr_schedule_names(),
-                                         [o](auto v) { o->lr_schedule(v); }, "Learning-rate schedule by optimizer step",
+                                         [o](auto v) { o->lr_schedule().kind(v); }, "Learning-rate schedule by optimizer step",
                                          "constant")
       ->group(lr);
-  cmd->add_option("--warmup-steps", o->warmup_steps(), "Linear warmup over the first N optimizer steps")
+  cmd->add_option("--warmup-steps", schedule.warmup_steps(), "Linear warmup over the first N optimizer steps")
       ->check(cli::non_negative_count())->group(lr);
-  add_enum_option<train::LrScaleRule>(cmd, "--scale-lr", train::lr_scale_rule_names(), [o](auto v) { o->scale_lr(v); },
+  add_enum_option<train::LrScaleRule>(cmd, "--scale-lr", train::lr_scale_rule_names(), [o](auto v) { o->trainer().scale_lr(v); },
                                       "Scale --lr by world size x accum steps", "none")
       ->group(lr);
-  cmd->add_option("--lr-step-size", o->lr_step_size(), "step schedule: decay every N optimizer steps")
+  cmd->add_option("--lr-step-size", schedule.step_size(), "step schedule: decay every N optimizer steps")
       ->check(cli::non_negative_count())->group(lr);
-  cmd->add_option("--lr-gamma", o->lr_gamma(), "step and multistep schedules: decay factor")->group(lr);
-  cmd->add_option("--lr-milestones", o->lr_milestones(), "multistep schedule: optimizer steps at which to decay")
+  cmd->add_option("--lr-gamma", schedule.gamma(), "step and multistep schedules: decay factor")->group(lr);
+  cmd->add_option("--lr-milestones", schedule.milestones(), "multistep schedule: optimizer steps at which to decay")
       ->delimiter(',')->group(lr);
 
   auto* mp = "Mixed precision";
@@ -188,50 +194,51 @@ Command add_train_command(CLI::App& app) {
       ->group(mp);
   cmd->add_option("--loss-scale", o->loss_scale(), "dynamic, none or a fixed number (default: none for bf16; for fp16 dynamic at O1/O2)")
       ->group(mp);
-  cmd->add_flag("--report-memory", o->report_memory(), "Every rank prints its parameter, gradient and optimizer bytes")
+  cmd->add_flag("--report-memory", t.report_memory(), "Every rank prints its parameter, gradient and optimizer bytes")
       ->group(mp);
 
   auto* pipe = "Pipeline (--strategy pipeline)";
-  cmd->add_option("--stages", o->stages(), "Pipeline stages, one per rank (default: the world size)")
+  cmd->add_option("--stages", pipeline.stages(), "Pipeline stages, one per rank (default: the world size)")
       ->check(cli::non_negative_count())->group(pipe);
-  cmd->add_option("--micro-batches", o->micro_batches(), "Pipeline micro-batches each batch is split into")
+  cmd->add_option("--micro-batches", pipeline.micro_batches(), "Pipeline micro-batches each batch is split into")
       ->check(cli::positive_count())->group(pipe);
   add_enum_option<parallel::PipelineSchedule>(cmd, "--schedule", parallel::pipeline_schedule_names(),
-                                              [o](auto v) { o->schedule(v); },
+                                              [o](auto v) { o->trainer().strategy_options().pipeline().schedule(v); },
                                               "gpipe: all forwards, then all backwards; 1f1b: one forward, one "
                                               "backward (fewer activations alive)", "gpipe")
       ->group(pipe);
-  cmd->add_option("--split", o->split(), "Blocks per stage, e.g. 6,4 (default: balanced as --balance says)")
+  cmd->add_option("--split", pipeline.split(), "Blocks per stage, e.g. 6,4 (default: balanced as --balance says)")
       ->delimiter(',')->group(pipe);
   add_enum_option<parallel::PipelineBalance>(cmd, "--balance", parallel::pipeline_balance_names(),
-                                             [o](auto v) { o->balance(v); },
+                                             [o](auto v) { o->trainer().strategy_options().pipeline().balance(v); },
                                              "Cut stages with equal parameter counts, or equal measured forward + "
                                              "backward time", "params")
       ->group(pipe);
 
   auto* fsdp = "FSDP (--strategy fsdp)";
-  cmd->add_option("--fsdp-min-params", o->fsdp_min_params(),
+  cmd->add_option("--fsdp-min-params", so.fsdp().min_params(),
                   "Join consecutive blocks into units of at least N parameters (0: one unit per block)")
       ->check(cli::non_negative_count())->group(fsdp);
-  cmd->add_flag("--fsdp-no-reshard-after-forward", o->fsdp_keep_gathered(),
+  cmd->add_flag_callback("--fsdp-no-reshard-after-forward",
+                         [o] { o->trainer().strategy_options().fsdp().reshard_after_forward(false); },
                 "Keep each unit's gathered parameters from its forward to its backward (one all-gather less per "
                 "unit, more memory)")
       ->group(fsdp);
 
   auto* ckpt = "Checkpoints";
-  cmd->add_option("--checkpoint-dir", o->checkpoint_dir(), "Write checkpoints (step-N.pt) here, at each epoch end")
+  cmd->add_option("--checkpoint-dir", checkpoint.dir(), "Write checkpoints (step-N.pt) here, at each epoch end")
       ->group(ckpt);
-  cmd->add_option("--save-every", o->save_every(), "Also checkpoint every N optimizer steps (0: epoch ends only)")
+  cmd->add_option("--save-every", checkpoint.save_every(), "Also checkpoint every N optimizer steps (0: epoch ends only)")
       ->check(cli::non_negative_count())->group(ckpt);
-  cmd->add_option("--keep-last", o->keep_last(), "Keep only the newest K checkpoints (0: all)")
+  cmd->add_option("--keep-last", checkpoint.keep_last(), "Keep only the newest K checkpoints (0: all)")
       ->check(cli::non_negative_count())->group(ckpt);
   add_enum_option<train::CheckpointFormat>(cmd, "--checkpoint-format", train::checkpoint_format_names(),
-                                           [o](auto v) { o->checkpoint_format(v); },
+                                           [o](auto v) { o->trainer().checkpoint().format(v); },
                                            "full: one torch.load-readable file gathered on rank 0 (step-N.pt); "
                                            "sharded: each rank writes its own shards, nothing gathered "
                                            "(step-N/rank-R-of-W.pt + metadata.pt; fsdp, zero1, zero2)", "full")
       ->group(ckpt);
-  cmd->add_option("--resume", o->resume(),
+  cmd->add_option("--resume", checkpoint.resume(),
                   "Continue from a checkpoint file, the newest in a directory, or 'latest' in --checkpoint-dir")
       ->group(ckpt);
   cmd->add_option("--init-weights", o->init_weights(),
@@ -239,13 +246,13 @@ Command add_train_command(CLI::App& app) {
       ->group(ckpt);
 
   auto* step = "Optimizer step";
-  cmd->add_option("--accum-steps", o->accum_steps(), "Micro-batches per optimizer step (gradient accumulation)")
+  cmd->add_option("--accum-steps", t.accum_steps(), "Micro-batches per optimizer step (gradient accumulation)")
       ->check(cli::positive_count())->group(step);
-  cmd->add_option("--clip-value", o->clip_value(), "Clamp each gradient element to [-V, V] (0: off)")
+  cmd->add_option("--clip-value", so.clip_value(), "Clamp each gradient element to [-V, V] (0: off)")
       ->check(cli::non_negative_number())->group(step);
-  cmd->add_option("--clip-norm", o->clip_norm(), "Scale gradients to total L2 norm at most N, after --clip-value (0: off)")
+  cmd->add_option("--clip-norm", so.clip_norm(), "Scale gradients to total L2 norm at most N, after --clip-value (0: off)")
       ->check(cli::non_negative_number())->group(step);
-  cmd->add_option("--max-skipped-steps", o->max_skipped_steps(),
+  cmd->add_option("--max-skipped-steps", t.max_skipped_steps(),
                   "Abort after this many consecutive steps with a non-finite loss or gradient")
       ->check(cli::positive_count())->group(step);
   auto inject = std::make_shared<std::string>();
@@ -254,8 +261,9 @@ Command add_train_command(CLI::App& app) {
 
   return {cmd, [o, quiet, inject, betas] {
             if (!inject->empty()) parse_injection(*inject, *o);
-            if (!betas->empty()) o->beta1((*betas)[0]).beta2((*betas)[1]);
-            auto result = train::train(o->progress(!*quiet));
+            if (!betas->empty()) o->optimizer().beta1((*betas)[0]).beta2((*betas)[1]);
+            if (*quiet) o->trainer().progress(nullptr);
+            auto result = train::train(*o);
             if (result.rank == 0) std::cout << result.profile << result.summary_json() << std::endl;
             return 0;
           },

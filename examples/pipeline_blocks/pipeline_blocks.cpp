@@ -105,12 +105,11 @@ int main(int argc, char** argv) {
                 parallel::StrategyOptions()
                     .optimizer([sgd](std::vector<torch::Tensor> p) { return optim::make_optimizer(std::move(p), sgd); })
                     .group(group.get())
-                    .pipeline(parallel::PipelineOptions()  // stages: one per rank
+                    .pipeline(parallel::PipelineOptions()  // stages: one per rank, or one per --split entry
                                   .micro_batches(strategy_name == "pipeline" ? micro_batches : 1)
                                   .schedule(enum_from_name<parallel::PipelineSchedule>(
                                       parallel::pipeline_schedule_names(), schedule, "schedule"))
-                                  .split(split)
-                                  .stages(static_cast<int64_t>(split.size()))))
+                                  .split(split)))
             .checkpoint(train::CheckpointerOptions().dir(checkpoint_dir).resume(resume))
             .epochs(epochs)
             .batch_size(batch_size)

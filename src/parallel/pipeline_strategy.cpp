@@ -86,7 +86,7 @@ PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions o
   const PipelineOptions& p = options_.pipeline();
   const int64_t world = group_ ? group_->size() : 1;
   rank_ = group_ ? group_->rank() : 0;
-  stages_ = p.stages() > 0 ? p.stages() : world;
+  stages_ = p.stages() > 0 ? p.stages() : !p.split().empty() ? static_cast<int64_t>(p.split().size()) : world;
   TORCH_CHECK_VALUE(p.stages() >= 0, "PipelineOptions::stages ", p.stages(), " must be >= 1 (0: one stage per rank)");
   TORCH_CHECK_VALUE(p.micro_batches() >= 1, "PipelineOptions::micro_batches ", p.micro_batches(), " must be at least 1");
   blocks_ = model_->blocks();

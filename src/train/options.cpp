@@ -41,8 +41,8 @@ DataSplits load_data(const TrainOptions& o) {
     auto base = data::SyntheticOptions().shape(models::input_shape(o.model()));
     const int64_t train_size = o.limit() > 0 ? o.limit() : kSyntheticTrainSize;
     // Distinct seeds so the test split is not a copy of the training split.
-    return {data::make_synthetic(base.size(train_size).seed(o.seed())),
-            data::make_synthetic(base.size(kSyntheticTestSize).seed(o.seed() + 1))};
+    return {data::make_synthetic(base.size(train_size).seed(o.trainer().seed())),
+            data::make_synthetic(base.size(kSyntheticTestSize).seed(o.trainer().seed() + 1))};
   }
   DataSplits s{data::load_fashion_mnist(o.data_dir(), data::Split::kTrain).take(o.limit()),
            data::load_fashion_mnist(o.data_dir(), data::Split::kTest)};
@@ -61,15 +61,6 @@ DataSplits load_data(const TrainOptions& o) {
   return s;
 }
 
-LrScheduleOptions TrainOptions::lr_schedule_options() const {
-  return LrScheduleOptions(optimizer_options().lr())
-      .kind(lr_schedule())
-      .warmup_steps(warmup_steps())
-      .step_size(lr_step_size())
-      .gamma(lr_gamma())
-      .milestones(lr_milestones());
-}
-
 c10::impl::GenericDict TrainOptions::run_settings(int64_t world_size) const {
   const TrainOptions& o = *this;
   c10::impl::GenericDict run = string_dict();
@@ -77,13 +68,13 @@ c10::impl::GenericDict TrainOptions::run_settings(int64_t world_size) const {
   run.insert("data", enum_name(data_source_names(), o.data()));
   run.insert("limit", o.limit());
   run.insert("world_size", world_size);
-  run.insert("batch_size", o.batch_size());
-  run.insert("accum_steps", o.accum_steps());
-  run.insert("seed", static_cast<int64_t>(o.seed()));
+  run.insert("batch_size", o.trainer().batch_size());
+  run.insert("accum_steps", o.trainer().accum_steps());
+  run.insert("seed", static_cast<int64_t>(o.trainer().seed()));
   run.insert("precision", enum_name(precision_names(), o.precision()));
   run.insert("opt_level", amp::to_string(o.resolved_opt_level()));
   run.insert("loss_scale", o.resolved_loss_scale());
-  run.insert("optimizer", optim::to_string(o.optimizer()));
+  run.insert("optimizer", optim::to_string(o.optimizer().kind()));
   if (o.text()) {  // the batches of an epoch depend on these
     run.insert("task", enum_name(text_task_names(), o.task()));
     run.insert("max_tokens", o.max_tokens());
@@ -98,6 +89,10 @@ c10::impl::GenericDict TrainOptions::run_settings(int64_t world_size) const {
 
 
 void TrainOptions::validate() const {
+  const TrainerOptions& t = trainer();
+  const parallel::StrategyOptions& so = t.strategy_options();
+  const parallel::PipelineOptions& pipe = so.pipeline();
+  const CheckpointerOptions& ckpt = t.checkpoint();
   const auto& text_models = models::text_model_names();
   const bool text_model = std::count(text_models.begin(), text_models.end(), model()) > 0;
   if (!text_model) models::check_model_name(model());
@@ -121,33 +116,34 @@ void TrainOptions::validate() const {
     TORCH_CHECK_VALUE(false, "--sync-bn: model '", model(), "' has no BatchNorm layer to synchronise; choose one that has (",
                       c10::Join(", ", with_bn), ") or drop --sync-bn");
   }
-  TORCH_CHECK_VALUE(replicas() >= 0, "replicas=", replicas(), " must be >= 0 (0: the intra-op thread count, at least 2)");
-  TORCH_CHECK_VALUE(replicas() == 0 || strategy() == parallel::StrategyKind::kDp, "--replicas ", replicas(),
+  TORCH_CHECK_VALUE(so.replicas() >= 0, "replicas=", so.replicas(), " must be >= 0 (0: the intra-op thread count, at least 2)");
+  TORCH_CHECK_VALUE(so.replicas() == 0 || t.strategy() == parallel::StrategyKind::kDp, "--replicas ", so.replicas(),
                     " applies to --strategy dp (DataParallel's replicas); add --strategy dp or drop --replicas");
-  const bool fsdp = strategy() == parallel::StrategyKind::kFsdp;
-  TORCH_CHECK_VALUE(fsdp || (fsdp_min_params() == 0 && !fsdp_keep_gathered()),
+  const bool fsdp = t.strategy() == parallel::StrategyKind::kFsdp;
+  TORCH_CHECK_VALUE(fsdp || (so.fsdp().min_params() == 0 && so.fsdp().reshard_after_forward()),
                     "--fsdp-min-params and --fsdp-no-reshard-after-forward set FSDP's units: add --strategy fsdp");
-  TORCH_CHECK_VALUE(fsdp_min_params() >= 0, "--fsdp-min-params ", fsdp_min_params(),
+  TORCH_CHECK_VALUE(so.fsdp().min_params() >= 0, "--fsdp-min-params ", so.fsdp().min_params(),
                     " must be >= 0 (0: one unit per block)");
-  TORCH_CHECK_VALUE(!fsdp || !checkpoint_activations(), "--checkpoint-activations with --strategy fsdp: fsdp runs ",
+  TORCH_CHECK_VALUE(!fsdp || !t.checkpoint_activations(), "--checkpoint-activations with --strategy fsdp: fsdp runs ",
                     "each block itself to gather and free its unit, so it cannot also recompute it; drop one of them");
   TORCH_CHECK_VALUE(limit() >= 0, "limit=", limit(), " must be >= 0 (0 means all samples)");
-  TORCH_CHECK_VALUE(epochs() >= 1, "epochs=", epochs(), " must be at least 1");
-  TORCH_CHECK_VALUE(batch_size() >= 1, "batch size ", batch_size(), " must be at least 1");
-  const bool pipeline = strategy() == parallel::StrategyKind::kPipeline;
-  TORCH_CHECK_VALUE(pipeline || (stages() == 0 && micro_batches() == 1 && split().empty() &&
-                                 schedule() == parallel::PipelineSchedule::kGPipe &&
-                                 balance() == parallel::PipelineBalance::kParams),
+  TORCH_CHECK_VALUE(t.epochs() >= 1, "epochs=", t.epochs(), " must be at least 1");
+  TORCH_CHECK_VALUE(t.batch_size() >= 1, "batch size ", t.batch_size(), " must be at least 1");
+  const bool pipeline = t.strategy() == parallel::StrategyKind::kPipeline;
+  TORCH_CHECK_VALUE(pipeline || (pipe.stages() == 0 && pipe.micro_batches() == 1 && pipe.split().empty() &&
+                                 pipe.schedule() == parallel::PipelineSchedule::kGPipe &&
+                                 pipe.balance() == parallel::PipelineBalance::kParams),
                     "--stages, --micro-batches, --schedule, --split and --balance set a pipeline: add --strategy pipeline");
-  TORCH_CHECK_VALUE(split().empty() || balance() == parallel::PipelineBalance::kParams, "--split ",
-                    c10::Join(",", split()), " and --balance time both say where to cut the stages: give one of them");
-  TORCH_CHECK_VALUE(stages() >= 0, "--stages ", stages(), " must be >= 1 (0: one stage per rank)");
-  TORCH_CHECK_VALUE(micro_batches() >= 1, "--micro-batches ", micro_batches(), " must be at least 1");
-  TORCH_CHECK_VALUE(micro_batches() <= batch_size(), "--micro-batches ", micro_batches(), " is larger than the batch (",
-                    "--batch-size ", batch_size(), "): every micro-batch needs at least one sample; use at most ",
-                    batch_size(), " micro-batches or a larger batch");
-  TORCH_CHECK_VALUE(split().empty() || stages() == 0 || static_cast<int64_t>(split().size()) == stages(), "--split has ",
-                    split().size(), " entries but --stages is ", stages(), ": give one block count per stage");
+  TORCH_CHECK_VALUE(pipe.split().empty() || pipe.balance() == parallel::PipelineBalance::kParams, "--split ",
+                    c10::Join(",", pipe.split()), " and --balance time both say where to cut the stages: give one of them");
+  TORCH_CHECK_VALUE(pipe.stages() >= 0, "--stages ", pipe.stages(), " must be >= 1 (0: one stage per rank)");
+  TORCH_CHECK_VALUE(pipe.micro_batches() >= 1, "--micro-batches ", pipe.micro_batches(), " must be at least 1");
+  TORCH_CHECK_VALUE(pipe.micro_batches() <= t.batch_size(), "--micro-batches ", pipe.micro_batches(),
+                    " is larger than the batch (--batch-size ", t.batch_size(), "): every micro-batch needs at least ",
+                    "one sample; use at most ", t.batch_size(), " micro-batches or a larger batch");
+  TORCH_CHECK_VALUE(pipe.split().empty() || pipe.stages() == 0 || static_cast<int64_t>(pipe.split().size()) == pipe.stages(),
+                    "--split has ", pipe.split().size(), " entries but --stages is ", pipe.stages(),
+                    ": give one block count per stage");
   optimizer_options().validate();
   TORCH_CHECK_VALUE(threads() >= 0, "threads=", threads(), " must be >= 0 (0 means automatic)");
   TORCH_CHECK_VALUE(threads() <= available_cores(), "threads=", threads(), " exceeds the ", available_cores(),
@@ -157,31 +153,31 @@ void TrainOptions::validate() const {
   TORCH_CHECK_VALUE(timeout() >= 0.01 && timeout() <= 604800.0, "timeout=", timeout(),
                     " s is out of range: give the seconds the rendezvous and each collective may take, in ",
                     "[0.01, 604800] (up to 7 days); the default is 300");
-  TORCH_CHECK_VALUE(save_every() >= 0, "save-every=", save_every(), " must be >= 0 (0: at epoch ends only)");
-  TORCH_CHECK_VALUE(keep_last() >= 0, "keep-last=", keep_last(), " must be >= 0 (0 keeps all)");
-  TORCH_CHECK_VALUE(checkpoint_dir().empty() ? save_every() == 0 && keep_last() == 0 : true,
+  TORCH_CHECK_VALUE(ckpt.save_every() >= 0, "save-every=", ckpt.save_every(), " must be >= 0 (0: at epoch ends only)");
+  TORCH_CHECK_VALUE(ckpt.keep_last() >= 0, "keep-last=", ckpt.keep_last(), " must be >= 0 (0 keeps all)");
+  TORCH_CHECK_VALUE(ckpt.dir().empty() ? ckpt.save_every() == 0 && ckpt.keep_last() == 0 : true,
                     "--save-every and --keep-last need --checkpoint-dir");
-  if (checkpoint_format() == CheckpointFormat::kSharded) {
-    TORCH_CHECK_VALUE(!checkpoint_dir().empty(), "--checkpoint-format sharded needs --checkpoint-dir (where each rank ",
+  if (ckpt.format() == CheckpointFormat::kSharded) {
+    TORCH_CHECK_VALUE(!ckpt.dir().empty(), "--checkpoint-format sharded needs --checkpoint-dir (where each rank ",
                       "writes its file)");
-    TORCH_CHECK_VALUE(strategy() && parallel::has_sharded_state(*strategy()), "--checkpoint-format sharded with ",
-                      "--strategy ", strategy() ? parallel::to_string(*strategy()) : "unset (ddp or local)",
+    TORCH_CHECK_VALUE(t.strategy() && parallel::has_sharded_state(*t.strategy()), "--checkpoint-format sharded with ",
+                      "--strategy ", t.strategy() ? parallel::to_string(*t.strategy()) : "unset (ddp or local)",
                       ": every rank of that strategy holds the whole model, so there are no shards to write; use ",
                       "--strategy fsdp, zero1 or zero2, or --checkpoint-format full");
   }
-  TORCH_CHECK_VALUE(resume() != "latest" || !checkpoint_dir().empty(),
+  TORCH_CHECK_VALUE(ckpt.resume() != "latest" || !ckpt.dir().empty(),
                     "--resume latest needs --checkpoint-dir (where to look for the latest checkpoint)");
-  TORCH_CHECK_VALUE(resume().empty() || init_weights().empty(), "--resume '", resume(),
+  TORCH_CHECK_VALUE(ckpt.resume().empty() || init_weights().empty(), "--resume '", ckpt.resume(),
                     "' and --init-weights '", init_weights(),
                     "' both set: a resumed run takes its weights from the checkpoint; pass one of them");
-  TORCH_CHECK_VALUE(accum_steps() >= 1, "accum-steps=", accum_steps(), " must be at least 1");
-  TORCH_CHECK_VALUE(std::isfinite(clip_value()) && clip_value() >= 0, "clip-value ", clip_value(),
+  TORCH_CHECK_VALUE(t.accum_steps() >= 1, "accum-steps=", t.accum_steps(), " must be at least 1");
+  TORCH_CHECK_VALUE(std::isfinite(so.clip_value()) && so.clip_value() >= 0, "clip-value ", so.clip_value(),
                     " must be >= 0 (0: no clipping)");
-  TORCH_CHECK_VALUE(std::isfinite(clip_norm()) && clip_norm() >= 0, "clip-norm ", clip_norm(),
+  TORCH_CHECK_VALUE(std::isfinite(so.clip_norm()) && so.clip_norm() >= 0, "clip-norm ", so.clip_norm(),
                     " must be >= 0 (0: no clipping)");
-  TORCH_CHECK_VALUE(max_skipped_steps() >= 1, "max-skipped-steps=", max_skipped_steps(), " must be at least 1");
-  TORCH_CHECK_VALUE(log_every() >= 1, "log-every=", log_every(), " must be at least 1");
-  TORCH_CHECK_VALUE(warmup_steps() >= 0, "warmup-steps=", warmup_steps(), " must be >= 0");
+  TORCH_CHECK_VALUE(t.max_skipped_steps() >= 1, "max-skipped-steps=", t.max_skipped_steps(), " must be at least 1");
+  TORCH_CHECK_VALUE(t.log_every() >= 1, "log-every=", t.log_every(), " must be at least 1");
+  TORCH_CHECK_VALUE(lr_schedule().warmup_steps() >= 0, "warmup-steps=", lr_schedule().warmup_steps(), " must be >= 0");
   const amp::OptLevel level = resolved_opt_level();
   TORCH_CHECK_VALUE(precision() != Precision::kFp32 || level == amp::OptLevel::kO0, "--opt-level ",
                     amp::to_string(level), " needs a half precision: add --precision bf16 (or fp16)");
@@ -196,11 +192,11 @@ void TrainOptions::validate() const {
 }
 
 void TrainOptions::check_output_paths() const {
-  check_output_file("--save-model", save_model());
-  check_output_file("--trace", trace());
-  check_output_file("--log-jsonl", log_jsonl());
-  check_output_directory("--checkpoint-dir", checkpoint_dir());
-  check_output_directory("--tensorboard", tensorboard());
+  check_output_file("--save-model", trainer().save_model());
+  check_output_file("--trace", trainer().trace());
+  check_output_file("--log-jsonl", trainer().log().jsonl());
+  check_output_directory("--checkpoint-dir", trainer().checkpoint().dir());
+  check_output_directory("--tensorboard", trainer().log().tensorboard());
 }
 
 amp::OptLevel TrainOptions::resolved_opt_level() const {
@@ -208,7 +204,7 @@ amp::OptLevel TrainOptions::resolved_opt_level() const {
 }
 
 parallel::StrategyKind TrainOptions::resolved_strategy(int64_t world_size) const {
-  return strategy().value_or(world_size > 1 ? parallel::StrategyKind::kDdp : parallel::StrategyKind::kLocal);
+  return trainer().strategy().value_or(world_size > 1 ? parallel::StrategyKind::kDdp : parallel::StrategyKind::kLocal);
 }
 
 std::string TrainOptions::resolved_loss_scale() const {
@@ -217,10 +213,10 @@ std::string TrainOptions::resolved_loss_scale() const {
 }
 
 optim::OptimizerOptions TrainOptions::optimizer_options() const {
-  const bool sgd = optimizer() == optim::OptimizerKind::kSGD;
-  optim::OptimizerOptions o(optimizer(), lr().value_or(sgd ? 0.02 : 1e-3));
+  const bool sgd = optimizer().kind() == optim::OptimizerKind::kSGD;
+  optim::OptimizerOptions o = optimizer();
+  o.lr(lr().value_or(sgd ? 0.02 : 1e-3));
   if (momentum() || sgd) o.momentum(momentum().value_or(0.9));  // refused by validate() for adam, adamw
-  o.beta1(beta1()).beta2(beta2()).eps(eps()).weight_decay(weight_decay());
   return o;
 }
 
@@ -234,22 +230,11 @@ models::NormLayer TrainOptions::norm_layer(dist::ProcessGroup* group) const {
 
 parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* group) const {
   const optim::OptimizerOptions optimizer = optimizer_options();
-  parallel::StrategyOptions s;
+  parallel::StrategyOptions s = trainer().strategy_options();
   s.optimizer([optimizer](std::vector<torch::Tensor> params) { return optim::make_optimizer(std::move(params), optimizer); })
       .opt_level(resolved_opt_level())
       .half_dtype(precision() == Precision::kFp16 ? torch::kHalf : torch::kBFloat16)
-      .clip_value(clip_value())
-      .clip_norm(clip_norm())
-      .group(group)
-      .pipeline(parallel::PipelineOptions()
-                    .stages(stages() > 0 ? stages() : static_cast<int64_t>(split().size()))
-                    .micro_batches(micro_batches())
-                    .schedule(schedule())
-                    .split(split())
-                    .balance(balance()))
-      .replicas(replicas())
-      .reporter(reporter())
-      .fsdp(parallel::FsdpOptions().min_params(fsdp_min_params()).reshard_after_forward(!fsdp_keep_gathered()));
+      .group(group);
   const std::string scale = resolved_loss_scale();
   if (scale == "none") {
     s.loss_scale(amp::GradScalerOptions().enabled(false));

@@ -34,11 +34,12 @@ int64_t ensure_special(data::Tokenizer& tokenizer, const std::vector<std::string
 // The tokenizer saved beside the checkpoints `o` resumes from, "" when there is none.
 std::string resumed_tokenizer(const TrainOptions& o) {
   namespace fs = std::filesystem;
-  if (o.resume().empty()) return "";
+  const CheckpointerOptions& c = o.trainer().checkpoint();
+  if (c.resume().empty()) return "";
   std::error_code ec;
-  const fs::path dir = o.resume() == "latest"          ? fs::path(o.checkpoint_dir())
-                       : fs::is_directory(o.resume(), ec) ? fs::path(o.resume())
-                                                          : fs::path(o.resume()).parent_path();
+  const fs::path dir = c.resume() == "latest"          ? fs::path(c.dir())
+                       : fs::is_directory(c.resume(), ec) ? fs::path(c.resume())
+                                                          : fs::path(c.resume()).parent_path();
   const fs::path file = dir / kTokenizerFile;
   return fs::exists(file, ec) ? file.string() : "";
 }

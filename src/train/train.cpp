@@ -20,15 +20,16 @@ namespace {
 
 // The JSONL log's first line: what `lockstep report` shows as the run's settings.
 nlohmann::ordered_json run_settings_event(const TrainOptions& o, int64_t world_size, int64_t threads) {
+  const TrainerOptions& t = o.trainer();
   return {{"model", o.model()}, {"data", enum_name(data_source_names(), o.data())}, {"limit", o.limit()},
-          {"epochs", o.epochs()}, {"batch_size", o.batch_size()}, {"world_size", world_size}, {"threads", threads},
+          {"epochs", t.epochs()}, {"batch_size", t.batch_size()}, {"world_size", world_size}, {"threads", threads},
           {"strategy", parallel::to_string(o.resolved_strategy(world_size))},
-          {"optimizer", optim::to_string(o.optimizer())}, {"lr", o.optimizer_options().lr()},
-          {"lr_schedule", enum_name(lr_schedule_names(), o.lr_schedule())}, {"warmup_steps", o.warmup_steps()},
-          {"precision", enum_name(precision_names(), o.precision())},
+          {"optimizer", optim::to_string(o.optimizer().kind())}, {"lr", o.optimizer_options().lr()},
+          {"lr_schedule", enum_name(lr_schedule_names(), o.lr_schedule().kind())},
+          {"warmup_steps", o.lr_schedule().warmup_steps()}, {"precision", enum_name(precision_names(), o.precision())},
           {"opt_level", amp::to_string(o.resolved_opt_level())}, {"loss_scale", o.resolved_loss_scale()},
-          {"accum_steps", o.accum_steps()}, {"clip_value", o.clip_value()}, {"clip_norm", o.clip_norm()},
-          {"sync_bn", o.sync_bn()}, {"seed", o.seed()}};
+          {"accum_steps", t.accum_steps()}, {"clip_value", t.strategy_options().clip_value()},
+          {"clip_norm", t.strategy_options().clip_norm()}, {"sync_bn", o.sync_bn()}, {"seed", t.seed()}};
 }
 
 }  // namespace
@@ -40,7 +41,7 @@ TrainResult train(const TrainOptions& o) {
   configure_heap();  // See Note [Keeping freed memory for the next step]
   const int64_t threads = o.threads() > 0 ? o.threads() : default_intra_op_threads();
   torch::set_num_threads(static_cast<int>(threads));
-  torch::manual_seed(o.seed());
+  torch::manual_seed(o.trainer().seed());
   if (o.deterministic()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
   std::unique_ptr<dist::ProcessGroup> group;
   if (world.world_size > 1)
@@ -54,35 +55,15 @@ TrainResult train(const TrainOptions& o) {
   strategy_options.model_factory([make = data.make_model, g = group.get()] {
     return torch::nn::AnyModule(make(g, /*initial_weights=*/false));
   });
-  const TrainerOptions options =
-      TrainerOptions()
-          .strategy(o.resolved_strategy(world.world_size))
-          .strategy_options(std::move(strategy_options))
-          .checkpoint(CheckpointerOptions().dir(o.checkpoint_dir()).save_every(o.save_every()).keep_last(o.keep_last())
-                          .resume(o.resume()).format(o.checkpoint_format()))
-          .run_settings(o.run_settings(world.world_size))
-          .lr_schedule(o.lr_schedule_options())
-          .scale_lr(o.scale_lr())
-          .log(log::RunLogOptions().jsonl(o.log_jsonl()).tensorboard(o.tensorboard()).reporter(o.reporter()))
-          .settings(run_settings_event(o, world.world_size, threads))
-          .epochs(o.epochs())
-          .batch_size(o.batch_size())
-          .accum_steps(o.accum_steps())
-          .seed(o.seed())
-          .loss(data.loss)
-          .metric(data.metric)
-          .eval_batch_size(data.eval_batch_size)
-          .checkpoint_activations(o.checkpoint_activations())
-          .max_skipped_steps(o.max_skipped_steps())
-          .log_every(o.log_every())
-          .save_model(o.save_model())
-          .profile(o.profile())
-          .trace(o.trace())
-          .report_memory(o.report_memory())
-          .progress(o.progress() ? &std::cout : nullptr)
-          .reporter(o.reporter())
-          .inject_nan_step(o.inject_nan_step())
-          .inject_nan_rank(o.inject_nan_rank());
+  TrainerOptions options = o.trainer();
+  options.strategy(o.resolved_strategy(world.world_size))
+      .strategy_options(std::move(strategy_options))
+      .run_settings(o.run_settings(world.world_size))
+      .lr_schedule(LrScheduleOptions(o.lr_schedule()).base_lr(o.optimizer_options().lr()))
+      .settings(run_settings_event(o, world.world_size, threads))
+      .loss(data.loss)
+      .metric(data.metric)
+      .eval_batch_size(data.eval_batch_size);
   return Trainer(torch::nn::AnyModule(model), data.train, options, data.test).fit();
 }
 

@@ -70,7 +70,7 @@ class Trainer::Loop {
       models::load_state_dict(*model.ptr(), checkpoint->model, "checkpoint '" + checkpointer_->resumed_from() + "' model");
     model.ptr()->train();
     parallel::StrategyOptions strategy_options = o_.strategy_options();
-    strategy_options.profiler(&profiler_);
+    strategy_options.profiler(&profiler_).reporter(o_.reporter());
     if (strategy_options.pipeline().balance() == parallel::PipelineBalance::kTime &&
         !strategy_options.pipeline().balance_input().defined()) {
       // Note [Balancing stages by time]: one pipeline micro-batch of the first training batch.
@@ -96,7 +96,8 @@ class Trainer::Loop {
       schedule_.emplace(schedule);
     }
     if (leader_ && checkpointer_->enabled()) data_->save_beside_checkpoints(o_.checkpoint().dir());
-    if (leader_) log_ = log::RunLog(log::RunLogOptions(o_.log()).append(!checkpointer_->resumed_from().empty()));
+    if (leader_)
+      log_ = log::RunLog(log::RunLogOptions(o_.log()).append(!checkpointer_->resumed_from().empty()).reporter(o_.reporter()));
     log_.event(run_event(o_, result_, strategy_->name(), checkpointer_->resumed_from()));
   }
 

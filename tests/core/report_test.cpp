@@ -72,19 +72,20 @@ TEST(Report, RunLogWarnsThroughTheCallersReporter) {
   EXPECT_THAT(lines[0].second, HasSubstr("ended in a cut-off line (4 bytes)"));
 }
 
-// A run's memory line and its checkpoint notes go to TrainOptions' reporter: a program that trains
+// A run's memory line and its checkpoint notes go to the run's reporter: a program that trains
 // prints nothing it did not ask for (the progress display and the epoch lines that come with it
 // are off here).
 TEST(Report, TrainingReportsThroughTheCallersReporterOnly) {
   testing::TempDir dir;
   Lines lines;
-  const auto run = train::TrainOptions().model("mlp").data(train::DataSource::kSynthetic).limit(40).batch_size(20)
-                       .epochs(2).progress(false).report_memory(true).checkpoint_dir(dir / "ckpt")
-                       .reporter(collect_into(lines));
+  auto run = train::TrainOptions().model("mlp").data(train::DataSource::kSynthetic).limit(40);
+  run.trainer().batch_size(20).epochs(2).progress(nullptr).report_memory(true).reporter(collect_into(lines))
+      .checkpoint().dir(dir / "ckpt");
   ::testing::internal::CaptureStdout();
   ::testing::internal::CaptureStderr();
   train::train(run);
-  train::train(train::TrainOptions(run).epochs(3).resume("latest"));
+  run.trainer().epochs(3).checkpoint().resume("latest");
+  train::train(run);
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
   EXPECT_EQ(::testing::internal::GetCapturedStdout(), "");
   std::vector<std::string> info;

@@ -83,9 +83,10 @@ void expect_close(double a, double b, const std::string& what) {
 TEST(HtmlReport, RendersInChromiumWithoutConsoleErrorsAndItsChartsHoldTheLoggedValues) {
   if (chromium().empty()) GTEST_SKIP() << "chromium not found: scripts/bootstrap --test installs Debian's chromium";
   testing::TempDir dir;
-  train::train(train::TrainOptions().model("mlp").data(train::DataSource::kSynthetic).limit(400).batch_size(20)
-                   .epochs(2).precision(train::Precision::kBf16).loss_scale("dynamic").log_every(3).profile(true)
-                   .progress(false).log_jsonl(dir / "run.jsonl"));
+  auto options = train::TrainOptions().model("mlp").data(train::DataSource::kSynthetic).limit(400)
+                     .precision(train::Precision::kBf16).loss_scale("dynamic");
+  options.trainer().batch_size(20).epochs(2).log_every(3).profile(true).progress(nullptr).log().jsonl(dir / "run.jsonl");
+  train::train(options);
   BenchResults bench;
   bench.date = "2026-11-22T00:00:00Z", bench.cpu = "test cpu", bench.cores = 2, bench.command = "lockstep bench";
   bench.rows.push_back({"local fp32", "lockstep", "", 1, 2, true, "", 3.0, 1234.5, 250, 1000, 1000, 1000});

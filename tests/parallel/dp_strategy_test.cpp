@@ -148,18 +148,20 @@ TEST(DpStrategy, RefusesAMissingFactoryAMismatchedOneAndAProcessGroup) {
               }),
               HasSubstr("the factory must build the same architecture"));
   EXPECT_THAT(testing::error_message([] {
-                train::train(train::TrainOptions().model("mlp").data(train::DataSource::kSynthetic).limit(20)
-                                 .replicas(3).progress(false));
+                auto run = train::TrainOptions().model("mlp").data(train::DataSource::kSynthetic).limit(20);
+                run.trainer().progress(nullptr).strategy_options().replicas(3);
+                train::train(run);
               }),
               HasSubstr("--replicas 3 applies to --strategy dp"));
 }
 
 // Through the trainer: --strategy dp trains, evaluates, and reports two replicas' memory.
 TEST(DpStrategy, TrainsThroughTheTrainerWithItsReplicasMemory) {
-  const auto base = train::TrainOptions().model("convnet").data(train::DataSource::kSynthetic).limit(200)
-                        .batch_size(50).progress(false);
-  const train::TrainResult local = train::train(base);
-  const train::TrainResult dp = train::train(train::TrainOptions(base).strategy(StrategyKind::kDp).replicas(2));
+  auto run = train::TrainOptions().model("convnet").data(train::DataSource::kSynthetic).limit(200);
+  run.trainer().batch_size(50).progress(nullptr);
+  const train::TrainResult local = train::train(run);
+  run.trainer().strategy(StrategyKind::kDp).strategy_options().replicas(2);
+  const train::TrainResult dp = train::train(run);
   EXPECT_EQ(dp.steps, 4);
   EXPECT_EQ(dp.param_bytes, 2 * local.param_bytes);
   EXPECT_TRUE(std::isfinite(dp.final_loss));

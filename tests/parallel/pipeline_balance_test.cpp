@@ -115,10 +115,17 @@ TEST(PipelineBalance, TwoRanksBalancedByTimeTrainExactlyAsTheSplitGivenByHand) {
 
 TEST(PipelineBalance, BadConfigurationsFailBeforeTraining) {
   EXPECT_THAT(testing::error_message([] {
-                train::TrainOptions().strategy(StrategyKind::kPipeline).split({1, 2}).balance(PipelineBalance::kTime).validate();
+                train::TrainOptions o;
+                o.trainer().strategy(StrategyKind::kPipeline).strategy_options().pipeline().split({1, 2})
+                    .balance(PipelineBalance::kTime);
+                o.validate();
               }),
               HasSubstr("--split 1,2 and --balance time both say where to cut the stages"));
-  EXPECT_THAT(testing::error_message([] { train::TrainOptions().balance(PipelineBalance::kTime).validate(); }),
+  EXPECT_THAT(testing::error_message([] {
+                train::TrainOptions o;
+                o.trainer().strategy_options().pipeline().balance(PipelineBalance::kTime);
+                o.validate();
+              }),
               HasSubstr("--balance set a pipeline: add --strategy pipeline"));
   EXPECT_THAT(testing::error_message([] {
                 PipelineStrategy(torch::nn::AnyModule(std::shared_ptr<models::Classifier>(Skewed().ptr())),

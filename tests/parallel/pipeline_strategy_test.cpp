@@ -279,7 +279,9 @@ TEST(PipelineStrategy, BadConfigurationsFailBeforeTraining) {
               }),
               HasSubstr("PipelineOptions::split 2,2 has 2 entries for 1 stages"));
   EXPECT_THAT(testing::error_message([] {
-                train::TrainOptions().strategy(StrategyKind::kPipeline).batch_size(4).micro_batches(8).validate();
+                train::TrainOptions o;
+                o.trainer().strategy(StrategyKind::kPipeline).batch_size(4).strategy_options().pipeline().micro_batches(8);
+                o.validate();
               }),
               HasSubstr("--micro-batches 8 is larger than the batch (--batch-size 4)"));
   std::vector<std::string> messages(3);

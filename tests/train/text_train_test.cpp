@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "../test_util.h"
 #include "lockstep/data/tokenizer.h"
@@ -17,15 +18,24 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TrainOptions text_run(const std::string& corpus) {
-  return TrainOptions().model("gpt-mini").data(DataSource::kText).text_file(corpus).vocab_size(300).batch_size(16)
-      .max_length(32).n_layer(2).n_head(2).n_embd(64).optimizer(optim::OptimizerKind::kAdamW).lr(3e-3).seed(1).progress(false);
+// `o` without the progress display, its run's options (a Trainer's) set by `edit`.
+TrainOptions quiet(TrainOptions o, const std::function<void(TrainerOptions&)>& edit = {}) {
+  o.trainer().progress(nullptr);
+  if (edit) edit(o.trainer());
+  return o;
+}
+
+TrainOptions text_run(const std::string& corpus, int64_t epochs = 1) {
+  return quiet(TrainOptions().model("gpt-mini").data(DataSource::kText).text_file(corpus).vocab_size(300)
+                   .max_length(32).n_layer(2).n_head(2).n_embd(64)
+                   .optimizer(optim::OptimizerOptions(optim::OptimizerKind::kAdamW, 0.0)).lr(3e-3),
+               [&](TrainerOptions& t) { t.batch_size(16).seed(1).epochs(epochs); });
 }
 
 TEST(TextTrain, LanguageModelBeatsTheUnigramBaselineOnHeldOutText) {
   testing::TempDir dir;
   testing::write_grammar_corpus(dir / "corpus.txt", 400);
-  const TrainResult r = train(text_run(dir / "corpus.txt").epochs(2).max_tokens(512));
+  const TrainResult r = train(text_run(dir / "corpus.txt", 2).max_tokens(512));
   ASSERT_EQ(r.epochs.size(), 2u);
   double unigram = NAN, padding = NAN;
   for (const auto& [key, value] : r.figures) {
@@ -45,9 +55,9 @@ TEST(TextTrain, LanguageModelBeatsTheUnigramBaselineOnHeldOutText) {
 
 TEST(TextTrain, ClassifiesFortunesByCategory) {
   if (!std::filesystem::exists(kFortunesDir)) GTEST_SKIP() << "fortunes not installed (scripts/bootstrap)";
-  const TrainResult r = train(TrainOptions().model("gpt-mini").data(DataSource::kFortunes).task(TextTask::kClassify)
-                                  .limit(300).vocab_size(400).batch_size(16).max_length(32).n_layer(1).n_head(2)
-                                  .n_embd(32).progress(false));
+  const TrainResult r = train(quiet(TrainOptions().model("gpt-mini").data(DataSource::kFortunes).task(TextTask::kClassify)
+                                        .limit(300).vocab_size(400).max_length(32).n_layer(1).n_head(2).n_embd(32),
+                                    [](TrainerOptions& t) { t.batch_size(16); }));
   EXPECT_GE(r.test_acc, 0.0);
   EXPECT_LE(r.test_acc, 1.0);
   EXPECT_TRUE(std::isnan(r.perplexity));
@@ -59,9 +69,9 @@ TEST(TextTrain, ClassifiesFortunesByCategory) {
 TEST(TextTrain, ResumingMidEpochContinuesBitForBit) {
   testing::TempDir dir;
   testing::write_grammar_corpus(dir / "corpus.txt", 200);
-  const auto run = text_run(dir / "corpus.txt").epochs(2).max_tokens(256);
-  const TrainResult straight = train(TrainOptions(run).save_model(dir / "straight.pt"));
-  train(TrainOptions(run).checkpoint_dir(dir / "ckpt").save_every(5));
+  const auto run = text_run(dir / "corpus.txt", 2).max_tokens(256);
+  const TrainResult straight = train(quiet(run, [&](TrainerOptions& t) { t.save_model(dir / "straight.pt"); }));
+  train(quiet(run, [&](TrainerOptions& t) { t.checkpoint().dir(dir / "ckpt").save_every(5); }));
   // About 15 batches per epoch: step 5 is inside the first, and the resumed run goes through the
   // rest of it and all of the second.
   const int64_t mid = 5;
@@ -70,7 +80,8 @@ TEST(TextTrain, ResumingMidEpochContinuesBitForBit) {
   std::snprintf(name, sizeof name, "ckpt/step-%08lld.pt", static_cast<long long>(mid));
   ASSERT_TRUE(std::filesystem::exists(dir / name)) << name;
   EXPECT_TRUE(std::filesystem::exists(dir / "ckpt/tokenizer.json"));
-  const TrainResult resumed = train(TrainOptions(run).resume(dir / name).save_model(dir / "resumed.pt"));
+  const TrainResult resumed =
+      train(quiet(run, [&](TrainerOptions& t) { t.save_model(dir / "resumed.pt").checkpoint().resume(dir / name); }));
   ASSERT_EQ(static_cast<int64_t>(resumed.step_losses.size()), straight.steps - mid);
   for (size_t i = 0; i < resumed.step_losses.size(); ++i)
     EXPECT_EQ(resumed.step_losses[i], straight.step_losses[mid + i]) << "step " << mid + i + 1;
@@ -88,19 +99,20 @@ TEST(TextTrain, AddedTokensGrowTheModelAndItsCheckpointContinues) {
     std::ofstream(dir / "tokens.txt") << "<fox>\n<dog>\n";
   }
   const auto base = text_run(dir / "corpus.txt");
-  train(TrainOptions(base).checkpoint_dir(dir / "first").save_model(dir / "first.pt"));
+  train(quiet(base, [&](TrainerOptions& t) { t.save_model(dir / "first.pt").checkpoint().dir(dir / "first"); }));
   const data::Tokenizer first = data::Tokenizer::load(dir / "first/tokenizer.json");
   const auto grown = TrainOptions(base).tokenizer(dir / "first/tokenizer.json").init_weights(dir / "first.pt")
                          .add_tokens(dir / "tokens.txt").init_new_embeddings("mean-of:\"the fox\"");
-  train(TrainOptions(grown).epochs(2).save_model(dir / "straight.pt"));
-  train(TrainOptions(grown).checkpoint_dir(dir / "second"));
+  train(quiet(grown, [&](TrainerOptions& t) { t.epochs(2).save_model(dir / "straight.pt"); }));
+  train(quiet(grown, [&](TrainerOptions& t) { t.checkpoint().dir(dir / "second"); }));
   const data::Tokenizer second = data::Tokenizer::load(dir / "second/tokenizer.json");
   EXPECT_EQ(second.size(), first.size() + 2);
   EXPECT_EQ(second.token_to_id("<dog>"), first.size() + 1);
   // The resumed run gets its tokenizer from the checkpoint directory (no --tokenizer), with the
   // added tokens already in it, and the 2-row-larger model loads.
-  const TrainResult resumed = train(TrainOptions(base).epochs(2)
-                                        .checkpoint_dir(dir / "second").resume("latest").save_model(dir / "resumed.pt"));
+  const TrainResult resumed = train(quiet(base, [&](TrainerOptions& t) {
+    t.epochs(2).save_model(dir / "resumed.pt").checkpoint().dir(dir / "second").resume("latest");
+  }));
   EXPECT_EQ(resumed.epochs.size(), 1u);
   auto a = testing::saved_state(dir / "straight.pt"), b = testing::saved_state(dir / "resumed.pt");
   ASSERT_EQ(a.front().first, "wte.weight");

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -29,15 +30,22 @@ bool have_fashion_mnist() {
   return ::access((std::string(data::kDefaultFashionMnistDir) + "/train-images-idx3-ubyte.gz").c_str(), R_OK) == 0;
 }
 
-TrainOptions small_run() {
-  return TrainOptions().model("convnet").limit(1200).batch_size(100).epochs(2).progress(false);
+// `o` without the progress display, its run's options (a Trainer's) set by `edit`.
+TrainOptions quiet(TrainOptions o, const std::function<void(TrainerOptions&)>& edit = {}) {
+  o.trainer().progress(nullptr);
+  if (edit) edit(o.trainer());
+  return o;
+}
+
+TrainOptions small_run(uint64_t seed) {
+  return quiet(TrainOptions().model("convnet").limit(1200), [&](TrainerOptions& t) { t.batch_size(100).epochs(2).seed(seed); });
 }
 
 TEST(Trainer, SameSeedGivesBitIdenticalLossSequence) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
-  TrainResult a = train(small_run().seed(11));
-  TrainResult b = train(small_run().seed(11));
-  TrainResult c = train(small_run().seed(12));
+  TrainResult a = train(small_run(11));
+  TrainResult b = train(small_run(11));
+  TrainResult c = train(small_run(12));
   ASSERT_EQ(a.step_losses.size(), 24u);  // 2 epochs x 1200 / 100
   EXPECT_EQ(a.step_losses, b.step_losses);  // exact, not approximate
   EXPECT_NE(a.step_losses, c.step_losses);
@@ -47,8 +55,8 @@ TEST(Trainer, SameSeedGivesBitIdenticalLossSequence) {
 // --deterministic switches LibTorch to its deterministic algorithms (and the run still repeats
 // bit for bit); it stays on for the process, so the test switches it off again.
 TEST(Trainer, DeterministicTurnsOnDeterministicAlgorithms) {
-  auto run = TrainOptions().model("convnet").data(DataSource::kSynthetic).limit(200).batch_size(50).seed(3).progress(false)
-                 .deterministic(true);
+  auto run = quiet(TrainOptions().model("convnet").data(DataSource::kSynthetic).limit(200).deterministic(true),
+                   [](TrainerOptions& t) { t.batch_size(50).seed(3); });
   ASSERT_FALSE(at::globalContext().deterministicAlgorithms());
   TrainResult a = train(run);
   EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
@@ -59,7 +67,7 @@ TEST(Trainer, DeterministicTurnsOnDeterministicAlgorithms) {
 
 TEST(Trainer, ConvNetLearnsFashionMnist) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
-  TrainResult r = train(TrainOptions().limit(6000).epochs(1).progress(false));
+  TrainResult r = train(quiet(TrainOptions().limit(6000)));
   // Chance is 0.10; the first 6000 samples for one epoch reach about 0.78 (0.70 leaves room).
   EXPECT_GT(r.test_acc, 0.70);
   EXPECT_LT(r.step_losses.back(), r.step_losses.front());
@@ -69,8 +77,8 @@ TEST(Trainer, ConvNetLearnsFashionMnist) {
 }
 
 TEST(Trainer, SyntheticDataTrainsResNet18Shapes) {
-  TrainResult r = train(TrainOptions().model("resnet18").data(DataSource::kSynthetic).limit(8).batch_size(4)
-                            .progress(false));
+  TrainResult r = train(quiet(TrainOptions().model("resnet18").data(DataSource::kSynthetic).limit(8),
+                              [](TrainerOptions& t) { t.batch_size(4); }));
   EXPECT_EQ(r.step_losses.size(), 2u);
   for (double l : r.step_losses) EXPECT_TRUE(std::isfinite(l));
 }
@@ -93,19 +101,23 @@ TEST(Trainer, SummaryJsonHasTheDocumentedKeysInOrder) {
 
 TEST(Trainer, RejectsBadOptionsNamingTheValue) {
   auto msg = [](const TrainOptions& o) { return testing::error_message([&] { o.validate(); }); };
-  EXPECT_THAT(msg(TrainOptions().batch_size(0)), HasSubstr("batch size 0"));
+  EXPECT_THAT(msg(quiet(TrainOptions(), [](TrainerOptions& t) { t.batch_size(0); })), HasSubstr("batch size 0"));
   EXPECT_THAT(msg(TrainOptions().lr(-0.1)), HasSubstr("optimizer sgd: lr must be a finite number >= 0, got -0.1"));
-  EXPECT_THAT(msg(TrainOptions().optimizer(optim::OptimizerKind::kAdamW).momentum(0.9)),
+  EXPECT_THAT(msg(TrainOptions().optimizer(optim::OptimizerOptions(optim::OptimizerKind::kAdamW, 0.0)).momentum(0.9)),
               HasSubstr("optimizer adamw: momentum=0.9 applies only to sgd"));
   EXPECT_THAT(msg(TrainOptions().model("lenet")), HasSubstr("unknown model 'lenet'"));
   EXPECT_THAT(testing::error_message([] { enum_from_name<DataSource>(data_source_names(), "cifar", "data"); }),
               HasSubstr("unknown data 'cifar'; choose fashion-mnist, synthetic"));
-  EXPECT_THAT(msg(TrainOptions().epochs(0)), HasSubstr("epochs=0"));
-  EXPECT_THAT(msg(TrainOptions().accum_steps(0)), HasSubstr("accum-steps=0"));
-  EXPECT_THAT(msg(TrainOptions().clip_norm(-1)), HasSubstr("clip-norm -1"));
-  EXPECT_THAT(msg(TrainOptions().save_every(5)), HasSubstr("need --checkpoint-dir"));
-  EXPECT_THAT(msg(TrainOptions().resume("latest")), HasSubstr("--resume latest needs --checkpoint-dir"));
-  EXPECT_THAT(msg(TrainOptions().resume("a").init_weights("b")), HasSubstr("pass one of them"));
+  EXPECT_THAT(msg(quiet(TrainOptions(), [](TrainerOptions& t) { t.epochs(0); })), HasSubstr("epochs=0"));
+  EXPECT_THAT(msg(quiet(TrainOptions(), [](TrainerOptions& t) { t.accum_steps(0); })), HasSubstr("accum-steps=0"));
+  EXPECT_THAT(msg(quiet(TrainOptions(), [](TrainerOptions& t) { t.strategy_options().clip_norm(-1); })),
+              HasSubstr("clip-norm -1"));
+  EXPECT_THAT(msg(quiet(TrainOptions(), [](TrainerOptions& t) { t.checkpoint().save_every(5); })),
+              HasSubstr("need --checkpoint-dir"));
+  EXPECT_THAT(msg(quiet(TrainOptions(), [](TrainerOptions& t) { t.checkpoint().resume("latest"); })),
+              HasSubstr("--resume latest needs --checkpoint-dir"));
+  EXPECT_THAT(msg(quiet(TrainOptions().init_weights("b"), [](TrainerOptions& t) { t.checkpoint().resume("a"); })),
+              HasSubstr("pass one of them"));
   EXPECT_EQ(msg(TrainOptions()), "<no error>");
 }
 
@@ -114,26 +126,29 @@ TEST(Trainer, RejectsBadOptionsNamingTheValue) {
 // --save-model or --trace failed only after the whole run.
 TEST(Trainer, OutputPathsAreRefusedBeforeTrainingNamingTheOption) {
   testing::TempDir dir;
-  const TrainOptions base = TrainOptions().data_dir("/nonexistent/fashion-mnist").progress(false);
-  auto msg = [](const TrainOptions& o) { return testing::error_message([&] { train(o); }); };
-  EXPECT_THAT(msg(TrainOptions(base).save_model("/etc/hostname/model.pt")),
+  const TrainOptions base = quiet(TrainOptions().data_dir("/nonexistent/fashion-mnist"));
+  auto msg = [&base](const std::function<void(TrainerOptions&)>& edit) {
+    return testing::error_message([&] { train(quiet(base, edit)); });
+  };
+  EXPECT_THAT(msg([](TrainerOptions& t) { t.save_model("/etc/hostname/model.pt"); }),
               HasSubstr("--save-model '/etc/hostname/model.pt': cannot create files in '/etc/hostname' (it is not a "
                         "directory)"));
-  EXPECT_THAT(msg(TrainOptions(base).trace(dir / "no/such/dir/trace.json")),
+  EXPECT_THAT(msg([&](TrainerOptions& t) { t.trace(dir / "no/such/dir/trace.json"); }),
               HasSubstr("--trace '" + (dir / "no/such/dir/trace.json") + "': cannot create files in '" +
                         (dir / "no/such/dir") + "' (it does not exist)"));
-  EXPECT_THAT(msg(TrainOptions(base).log_jsonl(dir.path())), HasSubstr("--log-jsonl '" + dir.path() + "' is a directory"));
-  EXPECT_THAT(msg(TrainOptions(base).checkpoint_dir("/etc/hostname/ckpt")),
+  EXPECT_THAT(msg([&](TrainerOptions& t) { t.log().jsonl(dir.path()); }),
+              HasSubstr("--log-jsonl '" + dir.path() + "' is a directory"));
+  EXPECT_THAT(msg([](TrainerOptions& t) { t.checkpoint().dir("/etc/hostname/ckpt"); }),
               HasSubstr("--checkpoint-dir '/etc/hostname/ckpt': cannot create it (Not a directory)"));
   // Good paths pass the check, and the run then stops at the missing data, as before.
-  EXPECT_THAT(msg(TrainOptions(base).save_model(dir / "m.pt").checkpoint_dir(dir / "ckpt")),
+  EXPECT_THAT(msg([&](TrainerOptions& t) { t.save_model(dir / "m.pt").checkpoint().dir(dir / "ckpt"); }),
               HasSubstr("/nonexistent/fashion-mnist"));
   EXPECT_TRUE(std::filesystem::is_directory(dir / "ckpt"));
 }
 
 TEST(Trainer, ResNetOnFashionMnistSuggestsSynthetic) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
-  EXPECT_THAT(testing::error_message([] { train(TrainOptions().model("resnet18").progress(false)); }),
+  EXPECT_THAT(testing::error_message([] { train(quiet(TrainOptions().model("resnet18"))); }),
               HasSubstr("--data synthetic"));
 }
 
@@ -147,9 +162,10 @@ std::vector<std::pair<std::string, torch::Tensor>> saved(const std::string& path
 
 TEST(Trainer, FourAccumulatedMicroBatchesEqualOneBatchFourTimesLarger) {
   testing::TempDir dir;
-  auto run = TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(960).epochs(2).seed(4).progress(false);
-  TrainResult accumulated = train(TrainOptions(run).batch_size(30).accum_steps(4).save_model(dir / "a.pt"));
-  TrainResult large = train(TrainOptions(run).batch_size(120).save_model(dir / "b.pt"));
+  auto run = quiet(TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(960),
+                   [](TrainerOptions& t) { t.epochs(2).seed(4); });
+  TrainResult accumulated = train(quiet(run, [&](TrainerOptions& t) { t.batch_size(30).accum_steps(4).save_model(dir / "a.pt"); }));
+  TrainResult large = train(quiet(run, [&](TrainerOptions& t) { t.batch_size(120).save_model(dir / "b.pt"); }));
   ASSERT_EQ(accumulated.step_losses.size(), 16u);  // 2 epochs x 960 / 120
   ASSERT_EQ(large.step_losses.size(), 16u);
   for (size_t i = 0; i < 16; ++i) EXPECT_NEAR(accumulated.step_losses[i], large.step_losses[i], 1e-5) << "step " << i;
@@ -161,13 +177,15 @@ TEST(Trainer, FourAccumulatedMicroBatchesEqualOneBatchFourTimesLarger) {
 // A run checkpointed mid-epoch and resumed from there ends exactly where an uninterrupted one does.
 TEST(Trainer, ResumingMidEpochContinuesBitForBit) {
   testing::TempDir dir;
-  auto run = TrainOptions().model("convnet").data(DataSource::kSynthetic).limit(400).batch_size(50).epochs(2).seed(8)
-                 .progress(false);
-  TrainResult straight = train(TrainOptions(run).save_model(dir / "straight.pt"));
-  train(TrainOptions(run).checkpoint_dir(dir / "ckpt").save_every(3));
+  auto run = quiet(TrainOptions().model("convnet").data(DataSource::kSynthetic).limit(400),
+                   [](TrainerOptions& t) { t.batch_size(50).epochs(2).seed(8); });
+  TrainResult straight = train(quiet(run, [&](TrainerOptions& t) { t.save_model(dir / "straight.pt"); }));
+  train(quiet(run, [&](TrainerOptions& t) { t.checkpoint().dir(dir / "ckpt").save_every(3); }));
   // 8 steps per epoch: checkpoints at steps 3, 6, 9, 12, 15 and the epoch ends 8, 16. Step 12 is mid epoch 2.
   ASSERT_TRUE(std::filesystem::exists(dir / "ckpt/step-00000012.pt"));
-  TrainResult resumed = train(TrainOptions(run).resume(dir / "ckpt/step-00000012.pt").save_model(dir / "resumed.pt"));
+  TrainResult resumed = train(quiet(run, [&](TrainerOptions& t) {
+    t.save_model(dir / "resumed.pt").checkpoint().resume(dir / "ckpt/step-00000012.pt");
+  }));
   ASSERT_EQ(resumed.step_losses.size(), 4u);  // steps 13..16
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.step_losses[i], straight.step_losses[12 + i]) << "step " << 13 + i;
   EXPECT_EQ(resumed.steps, 16);
@@ -252,10 +270,12 @@ TEST(Trainer, LocalStrategyTrainsBitForBitAsAPlainReferenceLoop) {
                                 {"mlp", 240, 20, 2, 4, amp::OptLevel::kO2, 1.0}};
   for (const Case& c : cases) {
     testing::TempDir dir;
-    TrainOptions o = TrainOptions().data(DataSource::kSynthetic).threads(1).progress(false)
-                         .strategy(parallel::StrategyKind::kLocal).model(c.model).limit(c.size).batch_size(c.batch_size)
-                         .accum_steps(c.accum_steps).epochs(2).seed(c.seed).clip_norm(c.clip_norm)
-                         .save_model(dir / "model.pt");
+    TrainOptions o = quiet(TrainOptions().data(DataSource::kSynthetic).threads(1).model(c.model).limit(c.size),
+                           [&](TrainerOptions& t) {
+                             t.strategy(parallel::StrategyKind::kLocal).batch_size(c.batch_size)
+                                 .accum_steps(c.accum_steps).epochs(2).seed(c.seed).save_model(dir / "model.pt")
+                                 .strategy_options().clip_norm(c.clip_norm);
+                           });
     if (c.level == amp::OptLevel::kO2) o.precision(Precision::kBf16).opt_level(c.level).loss_scale("dynamic");
     const TrainResult r = train(o);
     const ReferenceRun ref = reference_loop(c.model, c.size, c.batch_size, c.accum_steps, 2, c.seed, c.level, c.clip_norm);
@@ -281,8 +301,8 @@ TEST(Trainer, InitWeightsReadsPythonTorchSaveWithDdpPrefix) {
       "torch.save({'module.' + k: v for k, v in s.items()}, '" + (dir / "py.pt") + "')\"");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // lr 0: the weights stay what Python wrote (batch norm's running statistics still move).
-  train(TrainOptions().model("convnet").data(DataSource::kSynthetic).limit(50).batch_size(50).lr(0).progress(false)
-            .init_weights(dir / "py.pt").save_model(dir / "out.pt"));
+  train(quiet(TrainOptions().model("convnet").data(DataSource::kSynthetic).limit(50).lr(0).init_weights(dir / "py.pt"),
+              [&](TrainerOptions& t) { t.batch_size(50).save_model(dir / "out.pt"); }));
   auto ours = saved(dir / "out.pt");
   auto theirs = torch::pickle_load(read_file(dir / "py.pt")).toGenericDict();
   for (const auto& [key, tensor] : ours) {
@@ -295,8 +315,11 @@ TEST(Trainer, InitWeightsReadsPythonTorchSaveWithDdpPrefix) {
 // the learning rates follow the warmup + cosine schedule.
 TEST(Trainer, TensorBoardAndJsonlRecordTheSameScalarsOnTheSchedule) {
   testing::TempDir dir;
-  train(TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(400).batch_size(20).epochs(2).progress(false)
-            .lr_schedule(LrScheduleKind::kCosine).warmup_steps(5).log_every(4).log_jsonl(dir / "log.jsonl").tensorboard(dir / "tb"));
+  auto cosine = TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(400);
+  cosine.lr_schedule().kind(LrScheduleKind::kCosine).warmup_steps(5);
+  train(quiet(cosine, [&](TrainerOptions& t) {
+    t.batch_size(20).epochs(2).log_every(4).log().jsonl(dir / "log.jsonl").tensorboard(dir / "tb");
+  }));
   std::vector<nlohmann::json> steps, epochs, others;
   std::istringstream lines(testing::read_text(dir / "log.jsonl"));
   for (std::string line; std::getline(lines, line);) {
@@ -337,9 +360,10 @@ TEST(Trainer, TensorBoardAndJsonlRecordTheSameScalarsOnTheSchedule) {
 // exactly lr x the clipped norm.
 TEST(Trainer, ClipNormBoundsTheUpdate) {
   testing::TempDir dir;
-  auto run = TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(20).batch_size(20).momentum(0).lr(0.5).progress(false);
-  train(TrainOptions(run).lr(0).save_model(dir / "before.pt"));
-  train(TrainOptions(run).clip_norm(1e-3).save_model(dir / "after.pt"));
+  auto run = quiet(TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(20).momentum(0).lr(0.5),
+                   [](TrainerOptions& t) { t.batch_size(20); });
+  train(quiet(TrainOptions(run).lr(0), [&](TrainerOptions& t) { t.save_model(dir / "before.pt"); }));
+  train(quiet(run, [&](TrainerOptions& t) { t.save_model(dir / "after.pt").strategy_options().clip_norm(1e-3); }));
   auto before = saved(dir / "before.pt"), after = saved(dir / "after.pt");
   double squared = 0;
   for (size_t i = 0; i < before.size(); ++i) squared += (after[i].second - before[i].second).square().sum().item<double>();
@@ -350,8 +374,8 @@ TEST(Trainer, ClipNormBoundsTheUpdate) {
 // report, must account for most of the training time the trainer measured with its own clock (the
 // rest is progress output and epoch bookkeeping) and cannot exceed it.
 TEST(Trainer, ProfileReportsEveryPhaseAndAccountsForTheTrainingTime) {
-  TrainResult r = train(TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(200).batch_size(20)
-                            .progress(false).profile(true));
+  TrainResult r = train(quiet(TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(200),
+                              [](TrainerOptions& t) { t.batch_size(20).profile(true); }));
   std::map<std::string, double> ms;  // phase -> ms per step
   std::istringstream rows(r.profile);
   for (std::string line; std::getline(rows, line);) {
@@ -373,16 +397,19 @@ TEST(Trainer, ProfileReportsEveryPhaseAndAccountsForTheTrainingTime) {
 // buffers in the optimizer; a checkpointed O2 run resumes bit for bit from the masters.
 TEST(Trainer, O2HalvesParameterBytesAndResumesExactly) {
   testing::TempDir dir;
-  auto run = TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(200).batch_size(20).epochs(2).progress(false);
+  auto run = quiet(TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(200),
+                   [](TrainerOptions& t) { t.batch_size(20).epochs(2); });
   TrainResult o0 = train(run);
   auto o2 = TrainOptions(run).precision(Precision::kBf16).opt_level(amp::OptLevel::kO2).loss_scale("dynamic");
-  TrainResult straight = train(TrainOptions(o2).save_model(dir / "straight.pt"));
+  TrainResult straight = train(quiet(o2, [&](TrainerOptions& t) { t.save_model(dir / "straight.pt"); }));
   EXPECT_EQ(straight.param_bytes * 2, o0.param_bytes);
   EXPECT_EQ(straight.optim_bytes, 2 * o0.param_bytes);             // momentum + masters, both fp32
   EXPECT_EQ(straight.grad_bytes, o0.param_bytes + o0.param_bytes / 2);  // bf16 grads + fp32 master grads
 
-  train(TrainOptions(o2).checkpoint_dir(dir / "ckpt").save_every(7));
-  TrainResult resumed = train(TrainOptions(o2).resume(dir / "ckpt/step-00000014.pt").save_model(dir / "resumed.pt"));
+  train(quiet(o2, [&](TrainerOptions& t) { t.checkpoint().dir(dir / "ckpt").save_every(7); }));
+  TrainResult resumed = train(quiet(o2, [&](TrainerOptions& t) {
+    t.save_model(dir / "resumed.pt").checkpoint().resume(dir / "ckpt/step-00000014.pt");
+  }));
   for (size_t i = 0; i < resumed.step_losses.size(); ++i) EXPECT_EQ(resumed.step_losses[i], straight.step_losses[14 + i]);
   auto a = saved(dir / "straight.pt"), b = saved(dir / "resumed.pt");
   for (size_t i = 0; i < a.size(); ++i) {
@@ -393,7 +420,7 @@ TEST(Trainer, O2HalvesParameterBytesAndResumesExactly) {
 
 TEST(Trainer, Fp16OnThisCpuFailsAtStartSuggestingBf16) {
   EXPECT_THAT(testing::error_message([] {
-                train(TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(20).precision(Precision::kFp16).progress(false));
+                train(quiet(TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(20).precision(Precision::kFp16)));
               }),
               HasSubstr("Use bf16"));
   EXPECT_THAT(testing::error_message([] { TrainOptions().opt_level(amp::OptLevel::kO2).validate(); }),

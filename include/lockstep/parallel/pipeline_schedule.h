@@ -31,7 +31,7 @@ enum class PipelineBalance { kParams, kTime };
 const std::vector<std::string>& pipeline_balance_names();  // "params", "time"
 
 struct PipelineOptions {
-  TORCH_ARG(int64_t, stages) = 0;         // K, one per rank of a replica; 0: the world size
+  TORCH_ARG(int64_t, stages) = 0;         // K, one per rank of a replica; 0: split's length, or the world size
   // M: each of the training loop's micro-batches is split into M pipeline micro-batches along the
   // batch dimension, as torch.distributed.pipeline.sync.Pipe's `chunks` (fewer when it has fewer
   // than M samples).

@@ -4,6 +4,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "lockstep/parallel/strategy_registry.h"
 #include "lockstep/train/checkpoint.h"
 #include "lockstep/train/lr_schedule.h"
+#include "lockstep/train/trainer.h"
 
 namespace lockstep::train {
 
@@ -30,9 +32,12 @@ enum class TextTask { kLm, kClassify };
 const std::vector<std::string>& text_task_names();  // lm, classify
 constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 
-// Everything `lockstep train` can be told. SGD with momentum 0.9 and batch 100 per process as in the
-// Python peer (../shared/peer); lr 0.02 rather than the peer's 0.05, because with normalised inputs
-// it takes the convnet past 0.90 test accuracy in 3 epochs (0.05 stays near 0.88).
+// Everything `lockstep train` can be told: the reference model and its data, the process, the
+// optimizer and precision as flags name them, and the run itself as a Trainer's options (each
+// component's own struct; the CLI binds its flags into them). SGD with momentum 0.9 and batch 100
+// per process as in the Python peer (../shared/peer); lr 0.02 rather than the peer's 0.05, because
+// with normalised inputs it takes the convnet past 0.90 test accuracy in 3 epochs (0.05 stays near
+// 0.88).
 struct TrainOptions {
   TORCH_ARG(std::string, model) = "convnet";             // one of models::model_names()
   TORCH_ARG(DataSource, data) = DataSource::kFashionMnist;
@@ -54,89 +59,36 @@ struct TrainOptions {
   TORCH_ARG(int64_t, n_layer) = 4;
   TORCH_ARG(int64_t, n_head) = 4;
   TORCH_ARG(int64_t, n_embd) = 256;
-  TORCH_ARG(int64_t, epochs) = 1;
-  TORCH_ARG(int64_t, batch_size) = 100;                  // per process
-  TORCH_ARG(uint64_t, seed) = 0;                         // model init and data order
+
   TORCH_ARG(int64_t, threads) = 0;                       // intra-op threads; 0: default_intra_op_threads()
   TORCH_ARG(double, timeout) = 300.0;                    // seconds the rendezvous and each collective may take
-  TORCH_ARG(std::string, save_model) = "";               // final state dict, readable by torch.load
-  TORCH_ARG(bool, progress) = true;                      // progress display on stdout
-  // unset: ddp under a launcher (WORLD_SIZE > 1), local otherwise.
-  TORCH_ARG(c10::optional<parallel::StrategyKind>, strategy) = c10::nullopt;
+  TORCH_ARG(bool, deterministic) = false;                // LibTorch's deterministic algorithms only
+  TORCH_ARG(std::string, init_weights) = "";             // state dict file to start from (lockstep or torch.save)
   // The model's BatchNorm layers normalise over the global batch of all ranks (SyncBatchNorm);
   // needs a model with BatchNorm and a launcher.
   TORCH_ARG(bool, sync_bn) = false;
-  // Every block of the model runs under activation checkpointing: its activations are recomputed
-  // in backward instead of kept (see Note [Activation checkpointing]).
-  TORCH_ARG(bool, checkpoint_activations) = false;
-  // --strategy pipeline (see Note [Pipeline strategy]): stages (0: one per rank), pipeline
-  // micro-batches per batch, their schedule, and blocks per stage (empty: balanced as `balance` says).
-  TORCH_ARG(int64_t, stages) = 0;
-  TORCH_ARG(int64_t, micro_batches) = 1;
-  TORCH_ARG(parallel::PipelineSchedule, schedule) = parallel::PipelineSchedule::kGPipe;
-  TORCH_ARG(std::vector<int64_t>, split);
-  TORCH_ARG(parallel::PipelineBalance, balance) = parallel::PipelineBalance::kParams;
-  // dp: model replicas, one thread each; 0: the intra-op thread count (--threads), at least 2.
-  TORCH_ARG(int64_t, replicas) = 0;
-  // --strategy fsdp (see Note [FSDP as a strategy]): blocks joined into units of at least this many
-  // parameters (0: one unit per block), and whether units stay gathered from forward to backward.
-  TORCH_ARG(int64_t, fsdp_min_params) = 0;
-  TORCH_ARG(bool, fsdp_keep_gathered) = false;
 
-  // The optimizer, with PyTorch's defaults except lr (unset: 0.02 for sgd, 1e-3 for adam and
-  // adamw) and weight decay (unset: PyTorch's, 0.01 for adamw and 0 otherwise).
-  TORCH_ARG(optim::OptimizerKind, optimizer) = optim::OptimizerKind::kSGD;
+  // The optimizer (kind, betas, eps, weight decay), with PyTorch's defaults; its lr and momentum
+  // come from lr and momentum below, whose defaults depend on the kind: lr 0.02 for sgd, 1e-3 for
+  // adam and adamw; momentum 0.9 for sgd.
+  TORCH_ARG(optim::OptimizerOptions, optimizer) = optim::OptimizerOptions(optim::OptimizerKind::kSGD, 0.0);
   TORCH_ARG(c10::optional<double>, lr) = c10::nullopt;
   TORCH_ARG(c10::optional<double>, momentum) = c10::nullopt;  // sgd; unset: 0.9
-  TORCH_ARG(double, beta1) = 0.9;                        // adam, adamw
-  TORCH_ARG(double, beta2) = 0.999;
-  TORCH_ARG(double, eps) = 1e-8;
-  TORCH_ARG(c10::optional<double>, weight_decay) = c10::nullopt;
-
-  // Checkpoints (see checkpointer.h). Rank 0 writes, every rank waits; a failed write is logged and
-  // training goes on with the previous checkpoint intact.
-  TORCH_ARG(std::string, checkpoint_dir) = "";           // "" : no checkpoints
-  TORCH_ARG(int64_t, save_every) = 0;                    // optimizer steps between saves; 0: epoch ends only
-  TORCH_ARG(int64_t, keep_last) = 0;                     // newest checkpoints kept; 0: all
-  TORCH_ARG(std::string, resume) = "";                   // checkpoint file, directory, or "latest" (in checkpoint_dir)
-  // full: one file gathered on rank 0; sharded: each rank writes its own shards (fsdp, zero1, zero2;
-  // see Note [Sharded checkpoint files]).
-  TORCH_ARG(CheckpointFormat, checkpoint_format) = CheckpointFormat::kFull;
-  TORCH_ARG(std::string, init_weights) = "";             // state dict file to start from (lockstep or torch.save)
-
-  // The optimizer step: k micro-batches of batch_size (DDP no_sync on all but the last), then
-  // clipping by value, then by norm (0: off), then a non-finite check agreed by all ranks.
-  TORCH_ARG(int64_t, accum_steps) = 1;
-  TORCH_ARG(double, clip_value) = 0.0;
-  TORCH_ARG(double, clip_norm) = 0.0;
-  TORCH_ARG(int64_t, max_skipped_steps) = 10;            // consecutive non-finite steps before aborting
-  TORCH_ARG(int64_t, inject_nan_step) = -1;              // testing: step's loss value (0-based) is NaN on inject_nan_rank
-  TORCH_ARG(int64_t, inject_nan_rank) = 0;
-
-  // Learning rate by optimizer step (see lr_schedule.h); lr is scaled by world size x accum_steps
-  // first when scale_lr is linear or sqrt.
-  TORCH_ARG(LrScheduleKind, lr_schedule) = LrScheduleKind::kConstant;
-  TORCH_ARG(int64_t, warmup_steps) = 0;
-  TORCH_ARG(LrScaleRule, scale_lr) = LrScaleRule::kNone;
-  TORCH_ARG(int64_t, lr_step_size) = 0;                  // step: decay every N optimizer steps
-  TORCH_ARG(double, lr_gamma) = 0.1;                     // step, multistep: decay factor
-  TORCH_ARG(std::vector<int64_t>, lr_milestones);        // multistep: optimizer steps
 
   // Mixed precision (see amp/opt_level.h). opt_level unset: O0 for fp32, O1 otherwise.
   TORCH_ARG(Precision, precision) = Precision::kFp32;
   TORCH_ARG(c10::optional<amp::OptLevel>, opt_level) = c10::nullopt;
   TORCH_ARG(std::string, loss_scale) = "";               // dynamic | none | a number; "": none for bf16,
                                                          // the level's for fp16 (dynamic at O1/O2)
-  TORCH_ARG(bool, report_memory) = false;                // every rank prints its memory breakdown
 
-  TORCH_ARG(bool, deterministic) = false;                // LibTorch's deterministic algorithms only
-  TORCH_ARG(std::string, log_jsonl) = "";                // one JSON line per logged step and per epoch
-  TORCH_ARG(std::string, tensorboard) = "";              // event files here (rank 0)
-  TORCH_ARG(int64_t, log_every) = 10;                    // optimizer steps between logged steps
-  TORCH_ARG(bool, profile) = false;                      // per-phase step times, printed at the end
-  TORCH_ARG(std::string, trace) = "";                    // Chrome trace of the step phases (rank 0)
-  // Epoch lines, skipped steps, memory lines, checkpoint notes and log failures (Note [Reports]).
-  TORCH_ARG(Reporter, reporter) = stdio_reporter();
+  // Learning rate by optimizer step (see lr_schedule.h); its base_lr is the optimizer's lr, scaled
+  // by trainer().scale_lr().
+  TORCH_ARG(LrScheduleOptions, lr_schedule) = LrScheduleOptions(0.0);
+
+  // The run: epochs, batch size per process, seed (model init and data order), accumulation,
+  // the strategy and its options (clipping, pipeline, fsdp, dp's replicas), checkpoints, logs,
+  // profiler, progress (on stdout), reports.
+  TORCH_ARG(TrainerOptions, trainer) = TrainerOptions().progress(&std::cout);
 
  public:
   // Throws c10::ValueError naming the first invalid value and what is allowed.
@@ -158,11 +110,9 @@ struct TrainOptions {
   // How the model builds its norm layers: SyncBatchNorm over `group` with sync_bn (throws naming
   // the fix when `group` is null: one process), BatchNorm2d otherwise.
   models::NormLayer norm_layer(dist::ProcessGroup* group) const;
-  // The strategy's settings (precision, loss scaling, clipping, optimizer), over `group`.
+  // trainer().strategy_options() with what the flags above decide filled in: the optimizer, the
+  // precision and loss scaling, and `group`.
   parallel::StrategyOptions strategy_options(dist::ProcessGroup* group) const;
-  // The learning-rate schedule from --lr, unscaled, over the whole run (total_steps 0: the
-  // Trainer counts them); the Trainer scales base_lr by --scale-lr.
-  LrScheduleOptions lr_schedule_options() const;
   // What a checkpoint records of the run and a resumed run must share: model, data, limit,
   // accum_steps, seed, precision, opt_level, loss_scale, optimizer; and world_size and batch_size,
   // which may change (see Note [Resuming on another world size]).

@@ -53,7 +53,7 @@ struct TrainerOptions {
   TORCH_ARG(c10::optional<parallel::StrategyKind>, strategy) = c10::nullopt;
   TORCH_ARG(parallel::StrategyOptions, strategy_options);
   TORCH_ARG(StrategyFactory, make_strategy);
-  // Checkpoints and resume; the Trainer fills in the strategy's name and the reporter.
+  // Checkpoints and resume; the Trainer fills in the strategy's name.
   TORCH_ARG(CheckpointerOptions, checkpoint);
   // What a checkpoint must share with this run to be resumed by it (check_same_run); empty: world
   // size, batch size, accum_steps and seed.
@@ -91,7 +91,8 @@ struct TrainerOptions {
   // The progress display (rank 0), and each epoch's closing line through the reporter; null:
   // neither. A terminal gets a line redrawn in place.
   TORCH_ARG(OstreamPtr, progress) = nullptr;
-  // Epoch lines, skipped steps, memory lines (Note [Reports]).
+  // Epoch lines, skipped steps, memory lines, and the checkpointer's, the log's and the strategy's
+  // reports (Note [Reports]): the Trainer passes it to each.
   TORCH_ARG(Reporter, reporter) = stdio_reporter();
   // Testing: the loss value of step inject_nan_step (0-based) is NaN on rank inject_nan_rank.
   TORCH_ARG(int64_t, inject_nan_step) = -1;
