@@ -128,8 +128,8 @@ int main(int argc, char** argv) {
                            std::make_shared<Features>(1000, seed + 1));
     const train::TrainResult r = trainer.fit();
     if (world.rank == 0)
-      std::printf("%s, %lld rank(s), %lld replica(s) of %lld samples: loss %.4f at the first step, %.4f at the last; "
-                  "held-out accuracy %.3f\n",
+      std::printf("%s, %lld rank(s), %lld replica(s) of %lld samples: rank 0's loss %.4f at the first step, %.4f at "
+                  "the last; held-out accuracy %.3f\n",
                   trainer.strategy().name().c_str(), static_cast<long long>(world.world_size),
                   static_cast<long long>(replicas), static_cast<long long>(global_batch / replicas),
                   r.step_losses.front(), r.step_losses.back(), r.test_acc);

@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
                            sequences(256, 2));
     const train::TrainResult r = trainer.fit();
     if (world.rank == 0)
-      std::printf("%s on %lld rank(s): loss %.4f at the first step, %.4f at the last; held-out accuracy %.3f\n",
+      std::printf("%s on %lld rank(s): loss %.4f at the first step, %.4f in the last epoch; held-out accuracy %.3f\n",
                   trainer.strategy().name().c_str(), static_cast<long long>(world.world_size),
                   r.step_losses.empty() ? NAN : r.step_losses.front(), r.final_loss, r.test_acc);
   } catch (const c10::Error& e) {

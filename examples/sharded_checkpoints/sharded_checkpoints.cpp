@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     if (world.world_size > 1) group = dist::init_process_group();
 
     torch::manual_seed(seed);
-    const auto adam = optim::OptimizerOptions(optim::OptimizerKind::kAdamW, 1e-3);
+    const auto adam = optim::OptimizerOptions(optim::OptimizerKind::kAdamW, 1e-2);
     auto options =
         train::TrainerOptions()
             .strategy(parallel::parse_strategy(strategy_name))

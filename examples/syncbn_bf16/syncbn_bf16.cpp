@@ -48,7 +48,7 @@ std::shared_ptr<train::TensorData> quadrants(int64_t n, uint64_t seed) {
 
 int main(int argc, char** argv) {
   std::string precision = "fp32", out;
-  int64_t global_batch = 32, steps = 20;
+  int64_t global_batch = 32, steps = 100;
   bool no_sync_bn = false;
   CLI::App app("Trains a convolutional network with SyncBatchNorm, in fp32 or bf16 mixed precision.");
   app.option_defaults()->always_capture_default();
@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
                            quadrants(512, 2));
     const train::TrainResult r = trainer.fit();
     if (world.rank == 0)
-      std::printf("%s, %s, %s on %lld rank(s): loss %.4f at the first step, %.4f at the last; held-out accuracy %.3f\n",
+      std::printf("%s, %s, %s on %lld rank(s): rank 0's loss %.4f at the first step, %.4f at the last; held-out "
+                  "accuracy %.3f\n",
                   trainer.strategy().name().c_str(), precision.c_str(), no_sync_bn ? "BatchNorm" : "SyncBatchNorm",
                   static_cast<long long>(world.world_size), r.step_losses.front(), r.step_losses.back(), r.test_acc);
   } catch (const c10::Error& e) {
