@@ -8,7 +8,7 @@
 #include <map>
 
 #include "../test_util.h"
-#include "lockstep/core/atomic_file.h"
+#include "weights.h"
 
 namespace lockstep {
 namespace {
@@ -29,10 +29,7 @@ std::map<std::string, torch::Tensor> trained(const testing::TempDir& dir, const 
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ::testing::HasSubstr("at the first step")) << r.output;
   if (output) *output = r.output;
-  std::map<std::string, torch::Tensor> weights;
-  for (const auto& e : torch::pickle_load(read_file(out)).toGenericDict())
-    weights.emplace(e.key().toStringRef(), e.value().toTensor());
-  return weights;
+  return testing::saved_weights(out);
 }
 
 // One process with the whole batch: what every strategy is compared with (trained once), and
@@ -58,8 +55,7 @@ TEST_P(EveryStrategy, EndsWhereOneProcessEnds) {
   testing::TempDir dir;
   const auto other = trained(dir, strategy, ranks);
   ASSERT_EQ(other.size(), local.size());
-  double worst = 0.0;
-  for (const auto& [name, t] : local) worst = std::max(worst, (other.at(name) - t).abs().max().item<double>());
+  const double worst = testing::max_abs_difference(local, other);
   EXPECT_LE(worst, 1e-5);
   std::cout << "[ measured ] " << strategy << ": max |difference| from one process " << worst << "\n";
 }

@@ -10,7 +10,7 @@
 #include <map>
 
 #include "../test_util.h"
-#include "lockstep/core/atomic_file.h"
+#include "weights.h"
 
 namespace lockstep {
 namespace {
@@ -26,35 +26,25 @@ std::string run_example(const std::string& args, int ranks = 2) {
   return r.output;
 }
 
-std::map<std::string, torch::Tensor> weights(const std::string& path) {
-  std::map<std::string, torch::Tensor> w;
-  for (const auto& e : torch::pickle_load(read_file(path)).toGenericDict())
-    w.emplace(e.key().toStringRef(), e.value().toTensor());
-  return w;
-}
-
-double max_difference(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
-  double worst = 0.0;
-  for (const auto& [name, t] : a) worst = std::max(worst, (b.at(name) - t).abs().max().item<double>());
-  return worst;
-}
+using testing::max_abs_difference;
+using testing::saved_weights;
 
 // SGD on the same batches: the pipeline's micro-batches and stages change only the order of sums.
 TEST(PipelineBlocksExample, TwoStagesEndWhereOneProcessEndsUnderBothSchedules) {
   testing::TempDir dir;
   const std::string out = run_example("--strategy local --out " + dir / "local.pt", 1);
-  const auto local = weights(dir / "local.pt");
+  const auto local = saved_weights(dir / "local.pt");
   ASSERT_EQ(local.size(), 12u);  // input, 4 gated convolutions, head: weights and biases
   for (const std::string& args : {std::string("--micro-batches 4 --schedule gpipe"),
                                   std::string("--micro-batches 8 --schedule 1f1b --split 2,4")}) {
     run_example(args + " --out " + dir / "pipeline.pt");
-    const double worst = max_difference(local, weights(dir / "pipeline.pt"));
+    const double worst = max_abs_difference(local, saved_weights(dir / "pipeline.pt"));
     EXPECT_LE(worst, 1e-5) << args;
     std::cout << "[ measured ] pipeline " << args << ": max |difference| from one process " << worst << "\n";
   }
   // Training moved the weights (the comparison can fail) and learnt the held-out split.
   run_example("--strategy local --epochs 1 --samples 32 --out " + dir / "barely.pt", 1);
-  EXPECT_GT(max_difference(local, weights(dir / "barely.pt")), 1e-2);
+  EXPECT_GT(max_abs_difference(local, saved_weights(dir / "barely.pt")), 1e-2);
   const auto at = out.find("held-out accuracy ");
   ASSERT_NE(at, std::string::npos) << out;
   EXPECT_GT(std::stod(out.substr(at + 18)), 0.6) << out;  // 5 classes: chance is 0.2
@@ -65,7 +55,7 @@ TEST(PipelineBlocksExample, ResumedPipelineEndsBitForBitAndPythonReadsItsCheckpo
   run_example("--epochs 2 --checkpoint-dir " + dir / "whole" + " --out " + dir / "whole.pt");
   run_example("--epochs 1 --checkpoint-dir " + dir / "parts");
   run_example("--epochs 2 --checkpoint-dir " + dir / "parts" + " --resume latest --out " + dir / "parts.pt");
-  const auto whole = weights(dir / "whole.pt"), parts = weights(dir / "parts.pt");
+  const auto whole = saved_weights(dir / "whole.pt"), parts = saved_weights(dir / "parts.pt");
   ASSERT_EQ(whole.size(), 12u);
   for (const auto& [name, t] : whole) EXPECT_TRUE(torch::equal(t, parts.at(name))) << name;
 

@@ -10,7 +10,7 @@
 #include <map>
 
 #include "../test_util.h"
-#include "lockstep/core/atomic_file.h"
+#include "weights.h"
 
 namespace lockstep {
 namespace {
@@ -25,12 +25,7 @@ std::string run_example(const std::string& args) {
   return r.output;
 }
 
-std::map<std::string, torch::Tensor> weights(const std::string& path) {
-  std::map<std::string, torch::Tensor> w;
-  for (const auto& e : torch::pickle_load(read_file(path)).toGenericDict())
-    w.emplace(e.key().toStringRef(), e.value().toTensor());
-  return w;
-}
+using testing::saved_weights;
 
 class ShardedCheckpointsExample : public ::testing::TestWithParam<std::string> {};
 
@@ -44,11 +39,11 @@ TEST_P(ShardedCheckpointsExample, ResumedRunEndsBitForBitWhereAnUninterruptedRun
       run_example(common + "--epochs 3 --checkpoint-dir " + dir / "parts" + " --resume latest --out " + dir / "parts.pt");
   EXPECT_THAT(resumed, ::testing::HasSubstr("2 epoch(s) trained this run, 24 steps in all"));  // 256 / (2 x 16) a epoch
 
-  const auto whole = weights(dir / "whole.pt"), parts = weights(dir / "parts.pt");
+  const auto whole = saved_weights(dir / "whole.pt"), parts = saved_weights(dir / "parts.pt");
   ASSERT_EQ(whole.size(), 6u);  // hidden1, hidden2, head: weights and biases
   for (const auto& [name, t] : whole) EXPECT_TRUE(torch::equal(t, parts.at(name))) << name;
   // The last two epochs moved them: the comparison can fail.
-  EXPECT_FALSE(torch::equal(weights(dir / "one.pt").at("head.weight"), whole.at("head.weight")));
+  EXPECT_FALSE(torch::equal(saved_weights(dir / "one.pt").at("head.weight"), whole.at("head.weight")));
   EXPECT_TRUE(std::filesystem::is_directory(dir / "parts/step-00000024")) << "one directory per save";
 
   const std::string python = testing::python_with_torch();

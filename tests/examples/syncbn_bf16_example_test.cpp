@@ -9,7 +9,7 @@
 #include <map>
 
 #include "../test_util.h"
-#include "lockstep/core/atomic_file.h"
+#include "weights.h"
 
 namespace lockstep {
 namespace {
@@ -24,17 +24,10 @@ std::map<std::string, torch::Tensor> trained(const testing::TempDir& dir, int ra
   const auto r = testing::run_command("timeout 120 " + launcher + kExample + " --global-batch 32 --out " + out + " " + args);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   if (output) *output = r.output;
-  std::map<std::string, torch::Tensor> w;
-  for (const auto& e : torch::pickle_load(read_file(out)).toGenericDict())
-    w.emplace(e.key().toStringRef(), e.value().toTensor().to(torch::kDouble));
-  return w;
+  return testing::saved_weights(out);
 }
 
-double max_difference(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
-  double worst = 0.0;
-  for (const auto& [name, t] : a) worst = std::max(worst, (b.at(name) - t).abs().max().item<double>());
-  return worst;
-}
+using testing::max_abs_difference;
 
 // fp32: weights and running statistics within 1e-5 of one process with the double batch over 20
 // steps; plain BatchNorm, each rank normalising its own half, ends measurably elsewhere. The
@@ -46,8 +39,8 @@ TEST(SyncBnBf16Example, SyncBatchNormOnTwoRanksEndsWhereOneProcessEnds) {
   testing::TempDir dir;
   const auto one = trained(dir, 1, "--steps 20");
   ASSERT_TRUE(one.count("features.1.running_mean")) << "the BatchNorm statistics are in the state dict";
-  const double synced = max_difference(one, trained(dir, 2, "--steps 20"));
-  const double unsynced = max_difference(one, trained(dir, 2, "--steps 20 --no-sync-bn"));
+  const double synced = max_abs_difference(one, trained(dir, 2, "--steps 20"));
+  const double unsynced = max_abs_difference(one, trained(dir, 2, "--steps 20 --no-sync-bn"));
   std::cout << "[ measured ] max |difference| from one process: SyncBatchNorm " << synced << ", BatchNorm " << unsynced
             << "\n";
   EXPECT_LE(synced, 1e-5);
@@ -65,7 +58,7 @@ TEST(SyncBnBf16Example, Bf16TrainsOnTwoRanksCloseToOneProcess) {
   const auto at = out.find("held-out accuracy ");
   ASSERT_NE(at, std::string::npos) << out;
   EXPECT_GT(std::stod(out.substr(at + 18)), 0.8) << out;  // 4 classes: chance is 0.25
-  const double difference = max_difference(one, two);
+  const double difference = max_abs_difference(one, two);
   std::cout << "[ measured ] bf16: max |difference| from one process " << difference << "\n";
   EXPECT_LE(difference, 5e-2);
 }
