@@ -23,12 +23,25 @@ constexpr size_t kKeepAliveMaxCount = 10000;
 constexpr int kMetricsThreads = 2;
 constexpr auto kSignalPoll = std::chrono::milliseconds(100);
 
+// SIGHUP too: a closed terminal or an ssh session that drops ends the server as SIGTERM does, with
+// the requests in flight answered, instead of by the default action (exit 129, connections reset).
 sigset_t shutdown_signals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   return set;
+}
+
+const char* signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP"; }
+
+// SO_REUSEADDR only: a restarted server binds a port whose old connections are in TIME_WAIT, but a
+// second server cannot bind a port this one listens on (httplib's default adds SO_REUSEPORT, with
+// which two servers share a port and the kernel splits the requests between them).
+void reuse_address_only(socket_t sock) {
+  int yes = 1;
+  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
 }
 
 int bind(httplib::Server& server, const std::string& address, int port, const char* flag) {
@@ -65,6 +78,8 @@ Server::Server(ModelRepository& repository, ServerOptions options)
   TORCH_CHECK_VALUE(o.http_thread_count() >= 1, "--http-thread-count ", o.http_thread_count(), " must be at least 1");
   TORCH_CHECK_VALUE(o.max_input_bytes() >= 1, "--http-max-input-size ", o.max_input_bytes(), " must be at least 1");
   TORCH_CHECK_VALUE(o.exit_timeout_s() >= 0, "--exit-timeout ", o.exit_timeout_s(), " must not be negative");
+  TORCH_CHECK_VALUE(!o.allow_metrics() || o.http_port() == 0 || o.http_port() != o.metrics_port(), "--http-port and ",
+                    "--metrics-port are both ", o.http_port(), ": give the metrics a port of their own (0: any free port)");
   impl_->state.strict_readiness = o.strict_readiness();
   impl_->state.max_input_bytes = o.max_input_bytes();
   const auto threads = static_cast<size_t>(o.http_thread_count());
@@ -73,12 +88,14 @@ Server::Server(ModelRepository& repository, ServerOptions options)
   // httplib writes a response's headers and body in separate sends: with Nagle's algorithm the
   // body waits for the client's delayed ACK, ~40 ms per request.
   impl_->http.set_tcp_nodelay(true);
+  impl_->http.set_socket_options(reuse_address_only);
   impl_->http.set_payload_max_length(static_cast<size_t>(o.max_input_bytes()));
   add_inference_routes(impl_->http, impl_->state);
   http_port_ = bind(impl_->http, o.http_address(), o.http_port(), "--http-port");
   if (o.allow_metrics()) {
     impl_->metrics.new_task_queue = [] { return new httplib::ThreadPool(kMetricsThreads); };
     impl_->metrics.set_tcp_nodelay(true);
+    impl_->metrics.set_socket_options(reuse_address_only);
     add_metrics_routes(impl_->metrics, repository);
     metrics_port_ = bind(impl_->metrics, o.http_address(), o.metrics_port(), "--metrics-port");
   }
@@ -127,7 +144,7 @@ int Server::run(std::ostream& log) {
     while (!served && !impl_->stopping) {
       const int sig = sigtimedwait(&set, nullptr, &poll);
       if (sig > 0) {
-        log << "lockstep serve: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << std::endl;
+        log << "lockstep serve: " << signal_name(sig) << std::endl;
         stop();
         return;
       }

@@ -1,6 +1,7 @@
 // `lockstep serve` under bad input and faults: every malformed request gets its 4xx and a message
-// and the next request is served; SIGTERM during load lets the requests in flight finish and exits
-// 0; a model that fails to load is not ready while the others serve.
+// and the next request is served; SIGTERM or SIGHUP during load lets the requests in flight finish
+// and exits 0; a port already served is refused; a model that fails to load is not ready while the
+// others serve.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -95,9 +96,14 @@ TEST_F(ServeFaultsTest, EveryBadRequestGetsItsStatusAndMessageAndTheServerAnswer
   EXPECT_EQ(stats["fail"]["count"], 6);  // the six 400s on the model's own endpoint
 }
 
-TEST_F(ServeFaultsTest, SigtermDuringLoadFinishesTheRequestsInFlightAndExitsZero) {
+// SIGTERM, and SIGHUP (a terminal or ssh session gone) the same way.
+class ServeShutdownSignal : public ServeFaultsTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(ServeShutdownSignal, DuringLoadFinishesTheRequestsInFlightAndExitsZero) {
+  const int sig = GetParam();
+  const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGHUP";
   // Requests wait up to 3 s in the queue for a batch of 64 that never fills, so they are surely in
-  // flight when SIGTERM arrives.
+  // flight when the signal arrives.
   testing::ServeProcess server({"--model", "convnet", "--weights", weights(), "--threads", "1",
                                 "--max-queue-delay-us", "3000000", "--exit-timeout", "20"},
                                scratch_ / "log");
@@ -110,7 +116,7 @@ TEST_F(ServeFaultsTest, SigtermDuringLoadFinishesTheRequestsInFlightAndExitsZero
       [&] { return testing::metric_value(curl(server.metrics_url()).body, "nv_inference_pending_request_count") == kInFlight; },
       std::chrono::seconds(30)));
   const auto signalled = std::chrono::steady_clock::now();
-  ASSERT_EQ(::kill(server.child().pid(), SIGTERM), 0);
+  ASSERT_EQ(::kill(server.child().pid(), sig), 0);
   std::vector<testing::HttpReply> replies;
   for (auto& c : clients) replies.push_back(c.get());
   const auto exit_code = server.child().wait_for(std::chrono::seconds(20));
@@ -119,12 +125,34 @@ TEST_F(ServeFaultsTest, SigtermDuringLoadFinishesTheRequestsInFlightAndExitsZero
     EXPECT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(r.json()["outputs"][0]["shape"], nlohmann::json({1, 10})) << r.body;
   }
-  ASSERT_TRUE(exit_code.has_value()) << "still running 20 s after SIGTERM\n" << server.log();
+  ASSERT_TRUE(exit_code.has_value()) << "still running 20 s after " << name << "\n" << server.log();
   EXPECT_EQ(*exit_code, 0) << server.log();
   EXPECT_LT(seconds, 20.0);
-  EXPECT_THAT(server.log(), HasSubstr("SIGTERM"));
+  EXPECT_THAT(server.log(), HasSubstr("lockstep serve: " + name));
   EXPECT_THAT(server.log(), HasSubstr("lockstep serve: stopped"));
   EXPECT_EQ(curl(server.url("/v2/health/live")).status, 0);  // nobody listens any more
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, ServeShutdownSignal, ::testing::Values(SIGTERM, SIGHUP),
+                         [](const auto& info) { return info.param == SIGTERM ? "sigterm" : "sighup"; });
+
+// A port one server listens on is refused to a second one, and one server cannot take the same port
+// twice, instead of the kernel splitting the requests between the two.
+TEST_F(ServeFaultsTest, APortAlreadyServedIsRefusedNamingTheFlag) {
+  testing::ServeProcess first({"--model", "convnet", "--weights", weights(), "--threads", "1"}, scratch_ / "log");
+  ASSERT_TRUE(first.wait_ready()) << first.log();
+  const std::string serve = std::string(LOCKSTEP_CLI) + " serve --model convnet --weights " + weights() +
+                            " --threads 1 --http-address 127.0.0.1 ";
+  const auto second = testing::run_command("timeout 30 " + serve + "--http-port " + std::to_string(first.port()) +
+                                           " --metrics-port 0");
+  EXPECT_EQ(second.exit_code, 1) << second.output;  // not 124: it did not serve on
+  EXPECT_THAT(second.output, HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(first.port()) + " (--http-port)"));
+  const int port = testing::free_port_pair();
+  const auto same = testing::run_command("timeout 30 " + serve + "--http-port " + std::to_string(port) +
+                                         " --metrics-port " + std::to_string(port));
+  EXPECT_EQ(same.exit_code, 2) << same.output;
+  EXPECT_THAT(same.output, HasSubstr("--http-port and --metrics-port are both " + std::to_string(port)));
+  EXPECT_EQ(curl(first.url("/v2/health/ready")).status, 200);  // the first one serves on
 }
 
 TEST_F(ServeFaultsTest, ExitTimeoutEndsTheServerWhenRequestsDoNotFinishInTime) {

@@ -27,7 +27,7 @@ struct ServerOptions {
   TORCH_ARG(bool, strict_readiness) = true;  // /v2/health/ready only when every model is ready
 };
 
-// Blocks SIGTERM and SIGINT in the calling thread, and so in every thread it starts afterwards
+// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread, and so in every thread it starts afterwards
 // (LibTorch's and OpenMP's pools included), so that only Server::run's signal thread receives them.
 // Call it first, before loading models.
 void block_shutdown_signals();
