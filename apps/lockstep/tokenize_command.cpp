@@ -38,14 +38,6 @@ void add_format_option(CLI::App* cmd, const std::shared_ptr<TokenizeFlags>& f) {
       ->default_str("lines");
 }
 
-// The tokens in `path`, one per line (empty lines skipped).
-std::vector<std::string> read_token_list(const std::string& path) {
-  std::vector<std::string> tokens;
-  for (std::string& t : data::read_text_corpus(path, TextCorpusFormat::kLines))
-    if (!t.empty()) tokens.push_back(std::move(t));
-  return tokens;
-}
-
 int run_train(const TokenizeFlags& f) {
   const auto corpus = data::read_text_corpus(f.corpus, f.format);
   data::Tokenizer tokenizer = data::train_tokenizer(corpus, f.train, "the corpus '" + f.corpus + "'");
@@ -53,7 +45,7 @@ int run_train(const TokenizeFlags& f) {
   std::ostringstream added;
   for (const auto& [path, special] : {std::pair{f.add_tokens, false}, std::pair{f.add_special_tokens, true}}) {
     if (path.empty()) continue;
-    const auto tokens = read_token_list(path);
+    const auto tokens = data::read_token_file(path);
     const int64_t fresh = special ? tokenizer.add_special_tokens(tokens) : tokenizer.add_tokens(tokens);
     added << ", " << fresh << " new " << (special ? "special " : "") << "tokens from " << path << " (of "
           << tokens.size() << ")";

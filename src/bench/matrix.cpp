@@ -94,8 +94,12 @@ BenchConfig read_config(const std::string& path, const YAML::Node& node, int64_t
   TORCH_CHECK_VALUE(node["key"], where(path, node), ": a configuration without 'key' (the name --only selects)");
   BenchConfig c;
   c.key = scalar<std::string>(path, node["key"], "key");
-  TORCH_CHECK_VALUE(!c.key.empty() && c.key.find(',') == std::string::npos, where(path, node["key"]), ": key '", c.key,
-                    "' must be non-empty and free of commas (--only separates keys with them)");
+  // A key names the row's files in --out: a name, never a path.
+  const bool plain = !c.key.empty() && c.key != "." && c.key != ".." &&
+                     c.key.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
+                         std::string::npos;
+  TORCH_CHECK_VALUE(plain, where(path, node["key"]), ": key '", c.key, "' must be a plain name of letters, digits, ",
+                    "'.', '_' and '-' (it names the row's files in --out, and --only separates keys with commas)");
   c.name = c.key;
   bool threads_set = false;
   for (const auto& field : node) {

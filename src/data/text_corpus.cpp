@@ -67,6 +67,23 @@ const std::vector<std::string>& text_corpus_format_names() {
   return names;
 }
 
+std::vector<std::string> read_token_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK_VALUE(in, "cannot read the token file '", path, "': ", std::strerror(errno),
+                    "; give a file with one token per line");
+  std::vector<std::string> tokens;
+  int64_t number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    TORCH_CHECK_VALUE(line.find_first_not_of(" \t\v\f") != std::string::npos, "the token file '", path, "' line ",
+                      number, " holds only whitespace; a token of blanks is not what such a line means: delete it");
+    tokens.push_back(std::move(line));
+  }
+  return tokens;
+}
+
 TextCorpusFormat detect_text_corpus_format(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return TextCorpusFormat::kFortunes;

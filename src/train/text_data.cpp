@@ -44,15 +44,6 @@ std::string resumed_tokenizer(const TrainOptions& o) {
   return fs::exists(file, ec) ? file.string() : "";
 }
 
-std::vector<std::string> read_token_lines(const std::string& path) {
-  std::ifstream in(path);
-  TORCH_CHECK_VALUE(in, "--add-tokens '", path, "' cannot be read; give a file with one token per line");
-  std::vector<std::string> tokens;
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) tokens.push_back(line);
-  return tokens;
-}
-
 // The corpus of a run, tokenised: both splits, the tokenizer and what the model needs of it.
 class TextCorpus {
  public:
@@ -158,7 +149,7 @@ class TextCorpus {
     eos_id_ = ensure_special(*tokenizer_, {"<|endoftext|>", "[SEP]"});
     pad_id_ = ensure_special(*tokenizer_, {"<pad>", "[PAD]"});
     base_vocab_ = tokenizer_->size();
-    if (!o_.add_tokens().empty()) tokenizer_->add_tokens(read_token_lines(o_.add_tokens()));
+    if (!o_.add_tokens().empty()) tokenizer_->add_tokens(data::read_token_file(o_.add_tokens()));
     init_ = models::parse_embedding_init(o_.init_new_embeddings(), *tokenizer_);
   }
 

@@ -68,6 +68,11 @@ TEST(BenchMatrix, ReadsAYamlFileAndNamesTheLineOfAnyMistake) {
   EXPECT_THAT(error("- key: a\n  wold_size: 2\n"), HasSubstr("matrix.yaml:2: unknown field 'wold_size' in "
                                                              "configuration 'a'; fields are key, name, world_size"));
   EXPECT_THAT(error("- key: a\n- key: a\n"), HasSubstr("matrix.yaml:2: key 'a' appears twice"));
+  // A key names files in --out: a path is refused before anything runs or is written.
+  EXPECT_THAT(error("- key: ../../x\n"), HasSubstr("matrix.yaml:1: key '../../x' must be a plain name"));
+  EXPECT_THAT(error("- key: a/b\n"), HasSubstr("key 'a/b' must be a plain name"));
+  EXPECT_THAT(error("- key: ..\n"), HasSubstr("key '..' must be a plain name"));
+  EXPECT_THAT(error("- key: a,b\n"), HasSubstr("--only separates keys with commas"));
   EXPECT_THAT(error("- key: a\n  world_size: two\n"), HasSubstr("matrix.yaml:2: 'world_size' must be an integer, got 'two'"));
   EXPECT_THAT(error("- key: a\n  world_size: 0\n"), HasSubstr("world_size 0 must be >= 1"));
   EXPECT_THAT(error("- name: a\n"), HasSubstr("matrix.yaml:1: a configuration without 'key'"));

@@ -20,6 +20,12 @@ const std::vector<std::string>& text_corpus_format_names();  // lines, fortunes
 // Throws c10::Error naming the path when it cannot be read.
 std::vector<std::string> read_text_corpus(const std::string& path, TextCorpusFormat format);
 
+// Tokens to add to a tokenizer, one per line of `path` (--add-tokens, --add-special-tokens). A line
+// ending in "\r\n" (a file written on Windows) gives its token without the '\r'; empty lines are
+// skipped. Throws c10::ValueError naming the file and the line for a line of whitespace only (a
+// token of blanks is never what such a line meant), and naming the file when it cannot be read.
+std::vector<std::string> read_token_file(const std::string& path);
+
 // A directory is fortunes; a file is fortunes when one of its lines is '%', lines otherwise.
 TextCorpusFormat detect_text_corpus_format(const std::string& path);
 
