@@ -28,7 +28,39 @@ Checkpointer::Checkpointer(CheckpointerOptions options, c10::impl::GenericDict r
                     "--resume latest needs --checkpoint-dir (where to look for the latest checkpoint)");
   TORCH_CHECK_VALUE(options_.format() != CheckpointFormat::kSharded || enabled(),
                     "--checkpoint-format sharded needs --checkpoint-dir (where each rank writes its file)");
-  if (enabled() && rank_ == 0) lock_ = DirectoryLock(options_.dir(), "--checkpoint-dir");
+  if (enabled() && rank_ == 0) {
+    lock_ = DirectoryLock(options_.dir(), "--checkpoint-dir");
+    remove_interrupted_saves();
+  }
+  if (enabled() && group_ != nullptr) group_->barrier();  // nobody reads the directory while rank 0 cleans it
+}
+
+// See Note [Interrupted saves].
+void Checkpointer::remove_interrupted_saves() {
+  namespace fs = std::filesystem;
+  const auto temporary = [](const fs::path& p) {  // atomic_file's NAME.tmp.PID
+    const std::string name = p.filename().string();
+    const auto at = name.rfind(".tmp.");
+    return at != std::string::npos && at + 5 < name.size() &&
+           name.find_first_not_of("0123456789", at + 5) == std::string::npos;
+  };
+  int64_t files = 0;
+  std::vector<std::string> unfinished;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(options_.dir(), ec)) {
+    if (e.is_regular_file(ec) && temporary(e.path())) {
+      files += fs::remove(e.path(), ec) ? 1 : 0;
+    } else if (is_sharded_checkpoint(e.path().string()) && !fs::exists(e.path() / kShardedMetadataFile, ec)) {
+      if (fs::remove_all(e.path(), ec) > 0) unfinished.push_back(e.path().filename().string());
+    } else if (e.is_directory(ec)) {
+      for (const auto& f : fs::directory_iterator(e.path(), ec))
+        if (f.is_regular_file(ec) && temporary(f.path())) files += fs::remove(f.path(), ec) ? 1 : 0;
+    }
+  }
+  if (files > 0 || !unfinished.empty())
+    say(ReportKind::kNotice, "removed what interrupted saves left in '", options_.dir(), "': ", files,
+        " temporary file(s)", unfinished.empty() ? "" : " and the unfinished sharded checkpoint(s) " +
+        c10::Join(", ", unfinished) + " (no metadata.pt: never loadable)");
 }
 
 std::optional<Checkpoint> Checkpointer::load_resume(int64_t epochs) {

@@ -36,8 +36,8 @@ TEST(TokenFile, AWhitespaceOnlyLineOrAMissingFileIsRefusedNamingIt) {
               HasSubstr("cannot read the token file '/nonexistent/tokens.txt'"));
 }
 
-// Both commands that take --add-tokens read it this way.
-TEST(TokenFile, TokenizeTrainAndTrainAddTheSameTokensFromACrlfFile) {
+// `lockstep tokenize train --add-tokens` reads it this way (as `lockstep train --add-tokens` does).
+TEST(TokenFile, TokenizeTrainAddsTheTokensOfACrlfFileWithoutCarriageReturns) {
   testing::TempDir dir;
   {
     std::ofstream corpus(dir / "corpus.txt");

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "../dist/multi_rank.h"
 #include "lockstep/core/atomic_file.h"
@@ -147,6 +148,38 @@ TEST(Checkpointer, StartingAfreshInADirectoryWithCheckpointsIsRefused) {
                 Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr).load_resume(1);
               }),
               HasSubstr("already holds checkpoints of a run with these same settings"));
+}
+
+// See Note [Interrupted saves]: a SIGKILL during a save leaves a temporary file, or a sharded step
+// without its metadata; the next run on the directory removes them, says so, and keeps the rest.
+TEST(Checkpointer, AStartRemovesWhatInterruptedSavesLeftAndSaysSo) {
+  namespace fs = std::filesystem;
+  testing::TempDir dir;
+  TrainingPosition at;
+  at.step = 2;
+  Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr).save(at, *adam_strategy(2));
+  const std::string pending = checkpoint_path(dir.path(), 3) + ".tmp.4242";
+  const std::string unfinished = sharded_checkpoint_path(dir.path(), 4);
+  const std::string committed = sharded_checkpoint_path(dir.path(), 5);
+  fs::create_directories(unfinished);
+  fs::create_directories(committed);
+  for (const std::string& f : {pending, unfinished + "/rank-00000-of-00002.pt", committed + "/metadata.pt",
+                               committed + "/rank-00001-of-00002.pt.tmp.77", dir / "notes.tmp.txt"})
+    std::ofstream(f) << "bytes";
+  std::vector<std::pair<ReportKind, std::string>> reports;
+  Checkpointer(CheckpointerOptions().dir(dir.path()).resume("latest").reporter(
+                   [&](ReportKind kind, const std::string& line) { reports.emplace_back(kind, line); }),
+               run_of("mlp"), nullptr);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].first, ReportKind::kNotice);
+  EXPECT_EQ(reports[0].second, "removed what interrupted saves left in '" + dir.path() + "': 2 temporary file(s) and "
+                               "the unfinished sharded checkpoint(s) step-00000004 (no metadata.pt: never loadable)");
+  EXPECT_FALSE(fs::exists(pending));
+  EXPECT_FALSE(fs::exists(unfinished));
+  EXPECT_FALSE(fs::exists(committed + "/rank-00001-of-00002.pt.tmp.77"));
+  EXPECT_TRUE(fs::exists(committed + "/metadata.pt"));  // committed: a missing rank file can be restored
+  EXPECT_TRUE(fs::exists(checkpoint_path(dir.path(), 2)));
+  EXPECT_TRUE(fs::exists(dir / "notes.tmp.txt"));  // not a temporary file of ours
 }
 
 // See Note [Falling back to an older checkpoint].

@@ -32,6 +32,14 @@ struct CheckpointerOptions {
   TORCH_ARG(Reporter, reporter) = stdio_reporter();
 };
 
+// Note [Interrupted saves]
+// A save killed part way (SIGKILL, a node lost) leaves temporary files (atomic_file's NAME.tmp.PID,
+// in the directory or a sharded step's) and, for the sharded format, a step directory without the
+// metadata.pt that commits it. Neither ever loads, and nothing else would delete them. Rank 0
+// removes both when a run starts on the directory, under the directory's lock (so no other run is
+// writing there) and before any rank reads it, and says what it removed. A sharded step with its
+// metadata but a rank file missing is kept: restoring the file makes it load.
+
 // When a run checkpoints, what a checkpoint holds, and how a run resumes from one. A checkpoint
 // holds the position, the run's settings, the strategy's model and training state, and every
 // rank's RNG, so a resumed run continues bit for bit. Rank 0 writes, atomically (sharded: every
@@ -42,7 +50,8 @@ struct CheckpointerOptions {
 class Checkpointer {
  public:
   // `run`: the settings a checkpoint must share to be resumed by this run (model, world size,
-  // batch, precision, ...); see check_same_run.
+  // batch, precision, ...); see check_same_run. Collective with a directory and a group: rank 0
+  // locks the directory and removes what interrupted saves left there (Note [Interrupted saves]).
   Checkpointer(CheckpointerOptions options, c10::impl::GenericDict run, dist::ProcessGroup* group);
 
   // The checkpoint options().resume() names, checked against this run's settings and its `epochs`;
@@ -76,6 +85,7 @@ class Checkpointer {
   // The newest checkpoint in `dir` that loads (throws when none does); sets `path` to it.
   Checkpoint load_newest_readable(const std::string& dir, std::string& path);
   void refuse_existing_checkpoints();
+  void remove_interrupted_saves();
   template <typename... Args>
   void say(ReportKind kind, const Args&... args) const {
     report(options_.reporter(), kind, c10::str(args...));
