@@ -5,7 +5,11 @@
 #include <httplib.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <regex>
+#include <string>
 
 #include "lockstep/serve/http_protocol.h"
 
@@ -15,6 +19,11 @@ namespace {
 constexpr const char* kJson = "application/json";
 // /v2/models/{model}[/versions/{version}]: match 1 the model, match 2 the version or "".
 const std::string kModelPath = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
+
+std::string over_limit(const ServiceState& state) {
+  return "the request body is over the size limit of " + std::to_string(state.max_input_bytes) +
+         " bytes (--http-max-input-size)";
+}
 
 void reply(httplib::Response& res, int status, const nlohmann::json& body) {
   res.status = status;
@@ -109,6 +118,19 @@ nlohmann::json stats_of(const ServedModel& model, const ServedVersion* only) {
 
 void add_inference_routes(httplib::Server& server, ServiceState& state) {
   const ModelRepository& repo = state.repository;
+  // Only the infer route reads a chunked body itself, under the size limit; httplib would read one
+  // sent anywhere else whole, however large, before routing it.
+  server.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    static const std::regex infer(kModelPath + "/infer");
+    std::string framing = req.get_header_value("Transfer-Encoding");
+    std::transform(framing.begin(), framing.end(), framing.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (framing.find("chunked") == std::string::npos || std::regex_match(req.path, infer))
+      return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("Connection", "close");
+    reply_error(res, 411, "a chunked body is accepted only by /v2/models/NAME/infer; send this one with a "
+                          "Content-Length");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   server.Get("/v2/health/live", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
   server.Get("/v2/health/ready", [&state, &repo](const httplib::Request&, httplib::Response& res) {
     if (state.shutting_down) return reply_error(res, 503, "the server is shutting down");
@@ -155,11 +177,19 @@ void add_inference_routes(httplib::Server& server, ServiceState& state) {
                   return reply_error(res, 400, "a multipart/form-data body is not an infer request; send JSON (with "
                                                "binary data after it: Inference-Header-Content-Length)");
                 }
+                // The limit holds in every framing: httplib checks a Content-Length, but reads a
+                // chunked body to its end whatever its size.
                 std::string body;
-                const bool read = reader([&body](const char* data, size_t size) {
-                  body.append(data, size);
-                  return true;
+                bool over = false;
+                const bool read = reader([&](const char* data, size_t size) {
+                  over = body.size() + size > static_cast<size_t>(state.max_input_bytes);
+                  if (!over) body.append(data, size);
+                  return !over;
                 });
+                if (over) {
+                  res.set_header("Connection", "close");  // the rest of the body is never read
+                  return reply_error(res, 413, over_limit(state));
+                }
                 if (!read) return;  // httplib set the status (413 over the limit, 400 unreadable)
                 guarded(res, [&] { infer(state, req, body, res); });
               });
@@ -176,9 +206,7 @@ void add_inference_routes(httplib::Server& server, ServiceState& state) {
   // handler's error already has its body.
   server.set_error_handler([&state](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    if (res.status == 413)
-      return reply_error(res, 413, "the request body is over the size limit of " +
-                                       std::to_string(state.max_input_bytes) + " bytes (--http-max-input-size)");
+    if (res.status == 413) return reply_error(res, 413, over_limit(state));
     if (res.status == 404) return reply_error(res, 404, "no endpoint " + req.method + " " + req.path);
     if (res.status == 400)
       return reply_error(res, 400, "the request could not be read (a body needs a Content-Length or chunked encoding)");

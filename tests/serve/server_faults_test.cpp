@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <fstream>
 #include <future>
+#include <iostream>
 
 #include "serve_process.h"
 
@@ -153,6 +155,37 @@ TEST_F(ServeFaultsTest, APortAlreadyServedIsRefusedNamingTheFlag) {
   EXPECT_EQ(same.exit_code, 2) << same.output;
   EXPECT_THAT(same.output, HasSubstr("--http-port and --metrics-port are both " + std::to_string(port)));
   EXPECT_EQ(curl(first.url("/v2/health/ready")).status, 200);  // the first one serves on
+}
+
+// The size limit holds for chunked bodies too (httplib reads one whole, whatever its size): the
+// infer route stops reading at the limit with a 413, and any other route refuses a chunked body
+// unread with a 411; the server's memory does not grow with what the client sends.
+TEST_F(ServeFaultsTest, AChunkedBodyOverTheLimitIsRefusedWithoutBeingRead) {
+  testing::ServeProcess server({"--model", "convnet", "--weights", weights(), "--threads", "1",
+                                "--http-max-input-size", "1000"}, scratch_ / "log");
+  ASSERT_TRUE(server.wait_ready()) << server.log();
+  const auto rss_mib = [&] {
+    std::ifstream status("/proc/" + std::to_string(server.child().pid()) + "/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+    return -1.0;
+  };
+  const double before = rss_mib();
+  const auto chunked = [&](const std::string& source, const std::string& path) {
+    return testing::run_command(source + " | curl -sS --max-time 60 -o /dev/null -w '%{http_code}' -X POST "
+                                "-H 'Transfer-Encoding: chunked' -T - " + server.url(path)).output;
+  };
+  // A valid request over the limit (a 28 x 28 image as JSON is ~4 kB): 200 before the fix.
+  EXPECT_EQ(chunked("cat " + good_body(), "/v2/models/convnet/infer"), "413");
+  EXPECT_THAT(chunked("head -c 200000000 /dev/zero", "/v2/models/convnet/infer"), ::testing::EndsWith("413"));
+  EXPECT_THAT(chunked("head -c 200000000 /dev/zero", "/v2/repository/index"), ::testing::EndsWith("411"));
+  const double after = rss_mib();
+  std::cout << "[ measured ] server RSS " << before << " MiB before 2 x 200 MB chunked bodies, " << after << " after\n";
+  EXPECT_LT(after - before, 50.0);
+  EXPECT_EQ(curl(server.url("/v2/health/live")).status, 200);
+  const auto small = curl("-X POST -H 'Transfer-Encoding: chunked' --data-binary '{}' " + server.url("/v2/repository/index"));
+  EXPECT_EQ(small.status, 411);
+  EXPECT_THAT(small.body, HasSubstr("a chunked body is accepted only by /v2/models/NAME/infer"));
 }
 
 TEST_F(ServeFaultsTest, ExitTimeoutEndsTheServerWhenRequestsDoNotFinishInTime) {
