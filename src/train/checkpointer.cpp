@@ -6,11 +6,20 @@
 
 #include <filesystem>
 #include <functional>
+#include <random>
 
 #include "lockstep/train/sharded_checkpoint.h"
 
 namespace lockstep::train {
 namespace {
+
+// A save's id (see Note [Sharded checkpoint files]): random, positive, never 0 (0 marks a checkpoint
+// without ids). Not from torch's generator, whose state the checkpoint records and must not move.
+int64_t random_save_id() {
+  std::random_device device;
+  const uint64_t bits = (static_cast<uint64_t>(device()) << 32) | device();
+  return static_cast<int64_t>(bits >> 1) | 1;
+}
 
 std::string error_text(const std::exception& e) {
   auto* c10_error = dynamic_cast<const c10::Error*>(&e);
@@ -235,8 +244,8 @@ void Checkpointer::save(const TrainingPosition& at, parallel::Strategy& strategy
 
 namespace lockstep::train {
 
-// See Note [Sharded checkpoint files]. Collective, but nothing of the model travels: two barriers
-// and a vote of one int per rank.
+// See Note [Sharded checkpoint files]. Collective, but nothing of the model travels: the save id's
+// broadcast, a vote of one int per rank and a barrier.
 void Checkpointer::save_sharded(const TrainingPosition& at, parallel::Strategy& strategy) {
   namespace fs = std::filesystem;
   const std::optional<parallel::ShardedState> state = strategy.sharded_state_dict();
@@ -247,7 +256,7 @@ void Checkpointer::save_sharded(const TrainingPosition& at, parallel::Strategy& 
   c.position = at;
   c.run = run_;
   c.sharded = ShardedCheckpointInfo{sharded_checkpoint_path(options_.dir(), at.step), strategy.name(),
-                                    state->world_size, state->layouts, std::nullopt, torch::Tensor()};
+                                    state->world_size, state->layouts, /*save_id=*/0, std::nullopt, torch::Tensor()};
   const std::string dir = c.sharded->dir;
   std::string error;
   auto attempt = [&error](const std::function<void()>& f) {
@@ -261,10 +270,13 @@ void Checkpointer::save_sharded(const TrainingPosition& at, parallel::Strategy& 
     fs::create_directories(dir);
     fs::remove(fs::path(dir) / kShardedMetadataFile);  // a stale commit must not complete the new files
   });
-  if (group_) group_->barrier();  // the directory is there, without metadata
+  // Rank 0 draws the save's id; receiving it, every rank knows the directory is there, without metadata.
+  torch::Tensor id = torch::tensor({rank_ == 0 ? random_save_id() : int64_t{0}}, torch::kInt64);
+  if (group_) group_->broadcast(id, 0);
+  c.sharded->save_id = id.item<int64_t>();
   if (error.empty()) attempt([&] {
     fs::create_directories(dir);  // another node's view of the shared directory
-    save_rank_file(*state, at::detail::getDefaultCPUGenerator().get_state(), dir);
+    save_rank_file(*state, at::detail::getDefaultCPUGenerator().get_state(), dir, c.sharded->save_id);
   });
   if (!error.empty())
     say(ReportKind::kError, "rank ", rank_, ": its file of the sharded checkpoint at step ", at.step,

@@ -55,11 +55,13 @@ std::string rank_file_name(int64_t rank, int64_t world_size) {
   return name;
 }
 
-void save_rank_file(const parallel::ShardedState& state, const torch::Tensor& rng, const std::string& checkpoint_dir) {
+void save_rank_file(const parallel::ShardedState& state, const torch::Tensor& rng, const std::string& checkpoint_dir,
+                    int64_t save_id) {
   GenericDict top = string_dict();
   top.insert("format", std::string(kFormat));
   for (const auto& item : parallel::sharded_state_to_dict(state)) top.insert(item.key(), item.value());
   top.insert("rng", rng);
+  top.insert("save_id", save_id);
   write_file_atomic((fs::path(checkpoint_dir) / rank_file_name(state.rank, state.world_size)).string(),
                     torch::pickle_save(top));
 }
@@ -76,6 +78,7 @@ void save_sharded_metadata(const Checkpoint& c) {
   top.insert("world_size", info.world_size);
   top.insert("files", files);
   top.insert("units", parallel::layouts_to_ivalue(info.layouts));
+  top.insert("save_id", info.save_id);
   write_file_atomic((fs::path(info.dir) / kShardedMetadataFile).string(), torch::pickle_save(top));
 }
 
@@ -104,6 +107,11 @@ Checkpoint load_sharded_checkpoint(const std::string& dir) {
   info.strategy = strategy.toStringRef();
   info.world_size = world.toInt();
   info.layouts = parallel::layouts_from_ivalue(entry(top, "units", source), "the metadata of " + source);
+  const auto id = top.find("save_id");  // absent from checkpoints written before save ids
+  if (id != top.end()) {
+    TORCH_CHECK(id->value().isInt(), source, ": 'save_id' must be an int, got ", id->value().tagKind());
+    info.save_id = id->value().toInt();
+  }
   for (int64_t r = 0; r < info.world_size; ++r) {
     const std::string path = rank_file_path(info, r);
     TORCH_CHECK(fs::is_regular_file(path, ec), source, " is incomplete: the file of rank ", r, " of ",
@@ -123,6 +131,11 @@ parallel::ShardedState load_rank_file(const ShardedCheckpointInfo& info, int64_t
     TORCH_CHECK(state.rank == rank && state.world_size == info.world_size && state.layouts == info.layouts, source,
                 " holds rank ", state.rank, " of ", state.world_size, " and ", state.layouts.size(),
                 " units, which differ from the metadata's: it is not from the same save");
+    const auto id = top.find("save_id");
+    const int64_t file_id = id != top.end() && id->value().isInt() ? id->value().toInt() : 0;
+    TORCH_CHECK(info.save_id == 0 || file_id == info.save_id, source, " is from another save (save id ", file_id,
+                ", the metadata's ", info.save_id, "): a file left from an earlier save or copied in, whose shards ",
+                "are not this checkpoint's");
     const IValue r = entry(top, "rng", source);
     TORCH_CHECK(r.isTensor(), source, ": 'rng' must be a tensor, got ", r.tagKind());
     rng = r.toTensor();

@@ -80,7 +80,9 @@ TEST(ShardedCheckpoint, FsdpSavesWithoutGatheringAndTheFilesHoldTheFullStateInPi
     }
   });
   for (int64_t rank : {0, 1}) {
-    EXPECT_EQ(sharded_sent[rank], 8) << "rank " << rank << ": only the vote travels";
+    // The vote (an int64 all-gathered: 8 bytes) and the save id (an int64 broadcast: 4 bytes a
+    // rank on 2 ranks, as Note [Counting bytes on the wire] counts a broadcast).
+    EXPECT_EQ(sharded_sent[rank], 12) << "rank " << rank << ": only the vote and the save id travel";
     EXPECT_GE(full_sent[rank], 4 * (kFc1 + kFc2) / 2) << "rank " << rank;
   }
   const std::string step = sharded_checkpoint_path(dir / "sharded", 2);
@@ -272,6 +274,31 @@ TEST(ShardedCheckpointTrain, IncompleteOrCorruptCheckpointsAreSkippedOrRefusedNa
   EXPECT_THAT(testing::error_message([&] { load_checkpoint(step5); }),
               ::testing::AllOf(HasSubstr("sharded checkpoint '" + step5 + "' is incomplete: it has no metadata.pt"),
                                HasSubstr("--resume latest skips this one")));
+}
+
+// A rank file left from another save (here step 5's, put in step 10's place: same rank, world size
+// and units) is refused naming the file and why, instead of resuming with step 5's shards.
+TEST(ShardedCheckpointTrain, ARankFileFromAnotherSaveIsRefusedNotResumedSilently) {
+  testing::TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  auto run = testing::run_command(kTwoRanks + " --strategy fsdp --epochs 1 --save-every 5" + kSharded +
+                                  " --checkpoint-dir " + ckpt);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string step5 = sharded_checkpoint_path(ckpt, 5), step10 = sharded_checkpoint_path(ckpt, 10);
+  fs::copy_file(step5 + "/rank-00001-of-00002.pt", step10 + "/rank-00001-of-00002.pt",
+                fs::copy_options::overwrite_existing);
+  EXPECT_THAT(testing::error_message([&] {
+                Checkpoint c = load_checkpoint(step10);
+                reassemble_sharded_checkpoint(c);
+              }),
+              ::testing::AllOf(HasSubstr("the file of rank 1 of sharded checkpoint '" + step10 + "'"),
+                               HasSubstr("is from another save (save id "),
+                               HasSubstr("restore it, or resume from an earlier checkpoint")));
+  // Resumed as a run would (another strategy on one process: every rank file is read).
+  EXPECT_THAT(testing::error_message([&] {
+                Checkpointer(CheckpointerOptions().dir(ckpt).resume("latest"), string_dict(), nullptr).load_resume(1);
+              }),
+              HasSubstr("is from another save"));
 }
 
 // --checkpoint-format sharded without shards to write fails before training, naming the fix.

@@ -54,6 +54,10 @@ struct ShardedCheckpointInfo {
   std::string strategy;   // the strategy that wrote it ("fsdp", "zero1", "zero2")
   int64_t world_size = 0;  // one rank file per rank
   std::vector<parallel::ShardLayout> layouts;
+  // Drawn by rank 0 for each save and written into every rank file and the metadata, so that a file
+  // left from another save is never taken for this one's (Note [Sharded checkpoint files]); 0: a
+  // checkpoint written before save ids, whose files cannot be told apart.
+  int64_t save_id = 0;
   // Set when this rank resumes its own shards directly (same strategy and world size): its file's
   // state and RNG. Otherwise the full entries of the Checkpoint are reassembled from every file.
   std::optional<parallel::ShardedState> own;

@@ -19,7 +19,10 @@ namespace lockstep::train {
 //   DIR/step-00000040/rank-00001-of-00002.pt  rank 1's
 //   DIR/step-00000040/metadata.pt             position, run settings, strategy, world size, the
 //                                             rank files and the units' layouts
-// Each is a torch.save zip that Python's torch.load reads. Every rank writes its own file
+// Each is a torch.save zip that Python's torch.load reads. Every file of one save carries the same
+// save_id, a random number rank 0 draws and broadcasts before the ranks write: a rank file left
+// from another save (an earlier save at this step, or a file copied in) has another one and is
+// refused by name instead of resuming silently with another step's shards. Every rank writes its own file
 // atomically (core/atomic_file.h) from what it holds; nothing of the model travels, so no rank
 // ever holds more than its shards while saving. The ranks then vote (an all-gather of one flag,
 // within the group's timeout: it is also the barrier), and only when every file is written does
@@ -42,9 +45,10 @@ constexpr const char* kShardedMetadataFile = "metadata.pt";
 std::string rank_file_name(int64_t rank, int64_t world_size);
 
 // Writes this rank's file into `checkpoint_dir` atomically: `state`'s dict (see
-// parallel::sharded_state_to_dict) plus "format" and "rng" (this rank's CPU generator state).
-// Throws c10::Error naming the path and the cause.
-void save_rank_file(const parallel::ShardedState& state, const torch::Tensor& rng, const std::string& checkpoint_dir);
+// parallel::sharded_state_to_dict) plus "format", "rng" (this rank's CPU generator state) and
+// "save_id" (ShardedCheckpointInfo::save_id). Throws c10::Error naming the path and the cause.
+void save_rank_file(const parallel::ShardedState& state, const torch::Tensor& rng, const std::string& checkpoint_dir,
+                    int64_t save_id);
 // Writes c.sharded->dir/metadata.pt atomically from c.position, c.run and c.sharded (strategy,
 // world size, layouts). Rank 0, after every rank's file is written.
 void save_sharded_metadata(const Checkpoint& c);
@@ -53,7 +57,8 @@ void save_sharded_metadata(const Checkpoint& c);
 // Checkpoint has position, run and `sharded` set, and no model. Throws naming what is missing.
 Checkpoint load_sharded_checkpoint(const std::string& dir);
 // Reads rank `rank`'s file: its state, and its RNG state into `rng`. Throws naming the file, the
-// rank and the fix when it is missing, unreadable or from another save than the metadata.
+// rank and the fix when it is missing, unreadable or from another save than the metadata (another
+// save id, rank, world size or layout).
 parallel::ShardedState load_rank_file(const ShardedCheckpointInfo& info, int64_t rank, torch::Tensor& rng);
 // Reads every rank's file and fills c.model, c.optimizer, c.scaler and c.rng: the full form, as if
 // the checkpoint had been saved full by the strategy that wrote it.
