@@ -118,14 +118,27 @@ nlohmann::json stats_of(const ServedModel& model, const ServedVersion* only) {
 
 void add_inference_routes(httplib::Server& server, ServiceState& state) {
   const ModelRepository& repo = state.repository;
-  // Only the infer route reads a chunked body itself, under the size limit; httplib would read one
-  // sent anywhere else whole, however large, before routing it.
+  // Framing is checked before any body is read. A request whose length a proxy and this server
+  // could read differently (two Content-Lengths that differ, or one beside chunked encoding: the
+  // shape of request smuggling) is refused; only the infer route reads a chunked body itself, under
+  // the size limit, since httplib would read one sent anywhere else whole, however large. Both
+  // close the connection: the body stays unread.
   server.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
     static const std::regex infer(kModelPath + "/infer");
     std::string framing = req.get_header_value("Transfer-Encoding");
     std::transform(framing.begin(), framing.end(), framing.begin(), [](unsigned char c) { return std::tolower(c); });
-    if (framing.find("chunked") == std::string::npos || std::regex_match(req.path, infer))
-      return httplib::Server::HandlerResponse::Unhandled;
+    const bool chunked = framing.find("chunked") != std::string::npos;
+    const size_t lengths = req.get_header_value_count("Content-Length");
+    bool differ = false;
+    for (size_t i = 1; i < lengths; ++i)
+      differ = differ || req.get_header_value("Content-Length", i) != req.get_header_value("Content-Length", 0);
+    if ((chunked && lengths > 0) || differ) {
+      res.set_header("Connection", "close");
+      reply_error(res, 400, chunked ? "the request has both a Content-Length and chunked encoding; send one of them"
+                                    : "the request has Content-Length headers that differ; send one");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (!chunked || std::regex_match(req.path, infer)) return httplib::Server::HandlerResponse::Unhandled;
     res.set_header("Connection", "close");
     reply_error(res, 411, "a chunked body is accepted only by /v2/models/NAME/infer; send this one with a "
                           "Content-Length");

@@ -188,6 +188,31 @@ TEST_F(ServeFaultsTest, AChunkedBodyOverTheLimitIsRefusedWithoutBeingRead) {
   EXPECT_THAT(small.body, HasSubstr("a chunked body is accepted only by /v2/models/NAME/infer"));
 }
 
+// A request a proxy in front could frame differently from this server (two Content-Lengths, or one
+// beside chunked encoding) is refused with 400 and the connection closed, never answered as the
+// first Content-Length says.
+TEST_F(ServeFaultsTest, ConflictingFramingIsRefused) {
+  testing::ServeProcess server({"--model", "convnet", "--weights", weights(), "--threads", "1"}, scratch_ / "log");
+  ASSERT_TRUE(server.wait_ready()) << server.log();
+  // Raw bytes through bash's /dev/tcp: curl would not send these headers as written. The reply comes
+  // at once; `cat` then waits for an EOF that httplib 0.11 sends only when its read of a next request
+  // times out (a client that honours "Connection: close" hangs up first), so it is cut at 2 s.
+  const auto raw = [&](const std::string& headers, const std::string& body) {
+    return testing::run_command("bash -c 'exec 3<>/dev/tcp/127.0.0.1/" + std::to_string(server.port()) +
+                                "; printf \"POST /v2/repository/index HTTP/1.1\\r\\nHost: x\\r\\n" + headers +
+                                "\\r\\n" + body + "\" >&3; timeout 2 cat <&3'").output;
+  };
+  const std::string two_lengths = raw("Content-Length: 2\\r\\nContent-Length: 40\\r\\n", "{}");
+  EXPECT_THAT(two_lengths, HasSubstr("HTTP/1.1 400"));
+  EXPECT_THAT(two_lengths, HasSubstr("Content-Length headers that differ"));
+  const std::string both = raw("Content-Length: 2\\r\\nTransfer-Encoding: chunked\\r\\n", "2\\r\\n{}\\r\\n0\\r\\n\\r\\n");
+  EXPECT_THAT(both, HasSubstr("HTTP/1.1 400"));
+  EXPECT_THAT(both, HasSubstr("both a Content-Length and chunked encoding"));
+  const std::string same = raw("Content-Length: 2\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n", "{}");
+  EXPECT_THAT(same, HasSubstr("HTTP/1.1 200"));  // repeated but equal: one length, as RFC 9110 allows
+  EXPECT_EQ(curl(server.url("/v2/health/live")).status, 200);
+}
+
 TEST_F(ServeFaultsTest, ExitTimeoutEndsTheServerWhenRequestsDoNotFinishInTime) {
   testing::ServeProcess server({"--model", "convnet", "--weights", weights(), "--threads", "1",
                                 "--max-queue-delay-us", "30000000", "--exit-timeout", "0.5"},
