@@ -357,6 +357,8 @@ std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   const std::string& method = options.init_method();
   TORCH_CHECK_VALUE(options.timeout().count() > 0, "timeout must be positive, got ",
                     options.timeout().count(), " ms");
+  const std::chrono::milliseconds meet = options.rendezvous_timeout().value_or(options.timeout());
+  TORCH_CHECK_VALUE(meet.count() > 0, "rendezvous_timeout must be positive, got ", meet.count(), " ms");
   TORCH_CHECK_VALUE(options.backend() == "auto" || options.backend() == "gloo" ||
                         options.backend() == "nccl",
                     "unknown backend '", options.backend(), "'; choose auto, gloo or nccl");
@@ -377,7 +379,7 @@ std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     Endpoint at = method.rfind("env://", 0) == 0 ? Endpoint{env.master_addr, env.master_port}
                                                  : parse_tcp(method);
     where = at.host + ":" + std::to_string(at.port);
-    store = tcp_store(at, rank, world, options.timeout());
+    store = tcp_store(at, rank, world, meet);
   } else if (method.rfind("file://", 0) == 0) {
     where = method;
     try {
@@ -389,8 +391,9 @@ std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   } else {
     TORCH_CHECK_VALUE(false, "init_method '", method, "' is not env://, tcp://HOST:PORT or file://PATH");
   }
+  store->setTimeout(meet);
+  rendezvous(*store, rank, world, meet, where);
   store->setTimeout(options.timeout());
-  rendezvous(*store, rank, world, options.timeout(), where);
 
   return std::make_unique<ProcessGroup>(store, gloo_backend(store, rank, world, options.timeout()), options.timeout(),
                                         options.shared_memory());

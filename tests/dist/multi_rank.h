@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <exception>
 #include <functional>
 #include <thread>
@@ -44,7 +45,10 @@ inline void run_ranks(int64_t world, const std::function<void(int64_t, dist::Pro
   for (int64_t r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto group = dist::init_process_group(loopback(r, world, port, timeout));
+        // The ranks meet within 30 s however short `timeout` is: the collectives are under test,
+        // not how fast threads reach the store (a TCPStore client retries its connect at intervals).
+        auto group = dist::init_process_group(
+            loopback(r, world, port, timeout).rendezvous_timeout(std::max(timeout, std::chrono::milliseconds(30000))));
         body(r, *group);
       } catch (...) {
         errors[r] = std::current_exception();

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <c10/util/Optional.h>
 #include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -33,6 +34,9 @@ struct InitOptions {
   TORCH_ARG(std::string, backend) = "auto";  // auto (nccl for CUDA LibTorch with NCCL, else gloo) | gloo | nccl
   // Applies to the rendezvous and to every collective; nothing waits longer.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
+  // The rendezvous's own, when set (torchrun's rdzv timeout beside the collectives'): ranks that
+  // start at different times get longer to meet than a collective gets to finish.
+  TORCH_ARG(c10::optional<std::chrono::milliseconds>, rendezvous_timeout) = c10::nullopt;
   TORCH_ARG(SharedMemory, shared_memory) = SharedMemory::kAuto;
 };
 

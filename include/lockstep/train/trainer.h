@@ -8,7 +8,7 @@
 //       .strategy_options(lockstep::parallel::StrategyOptions().optimizer(make_sgd).group(group.get()))
 //       .epochs(3).batch_size(32);
 //   lockstep::train::TrainResult r =
-//       lockstep::train::Trainer(MyNet(), train_split, options, test_split).fit();
+//       lockstep::train::Trainer(torch::nn::AnyModule(MyNet()), train_split, options, test_split).fit();
 
 #include <ATen/core/Dict.h>
 #include <c10/util/Optional.h>
@@ -48,7 +48,7 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tenso
 struct TrainerOptions {
   // The strategy (see Note [The Strategy seam]); unset: ddp when the group has several ranks,
   // local otherwise. `strategy_options` carries the optimizer, precision, clipping, the process
-  // group and the strategies' own settings; the Trainer sets its profiler. `make_strategy`, when
+  // group and the strategies' own settings; the Trainer sets its profiler and reporter. `make_strategy`, when
   // set, builds the strategy instead of parallel::make_strategy (a user's own subclass).
   TORCH_ARG(c10::optional<parallel::StrategyKind>, strategy) = c10::nullopt;
   TORCH_ARG(parallel::StrategyOptions, strategy_options);
