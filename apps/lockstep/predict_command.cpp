@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 
+#include "checks.h"
 #include "commands.h"
 #include "lockstep/core/names.h"
 #include "lockstep/core/process.h"
@@ -96,12 +97,12 @@ Command add_predict_command(CLI::App& app) {
   cmd->add_option("--split", a->split, "Which split of --data")->check(CLI::IsMember({"test", "train"}));
   cmd->add_option("--images", a->images, "Predict on this file instead: IDX (gzipped or not) or raw uint8 pixels");
   cmd->add_option("--labels", a->labels, "Labels of --images: IDX or raw uint8 (without: no accuracy)");
-  cmd->add_option("--limit", a->limit, "Only the first N samples (0: all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--limit", a->limit, "Only the first N samples (0: all)")->check(cli::non_negative_count());
   cmd->add_option("--batch-size", a->batch_size, "Samples per forward (the batch latency is measured at)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", a->warmup, "Batches left out of the timings")->check(CLI::NonNegativeNumber);
+      ->check(cli::positive_count());
+  cmd->add_option("--warmup", a->warmup, "Batches left out of the timings")->check(cli::non_negative_count());
   cmd->add_option("--precision", a->precision, "fp32, or bf16 (autocast)")->check(CLI::IsMember({"fp32", "bf16"}));
-  cmd->add_option("--threads", a->threads, "Intra-op threads (0: automatic)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", a->threads, "Intra-op threads (0: automatic)")->check(cli::non_negative_count());
   cmd->add_flag("--json", a->json, "Print one JSON object instead of the text report");
   return {cmd, [a] { return run_predict(*a); }};
 }

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 
+#include "checks.h"
 #include "commands.h"
 #include "lockstep/models/zoo.h"
 #include "lockstep/serve/model_repository.h"
@@ -93,12 +94,12 @@ Command add_serve_command(CLI::App& app) {
       ->check(CLI::IsMember(models));
   cmd->add_option("--weights", a->weights, "--model's weights: a --save-model file, a checkpoint, or a state dict");
   cmd->add_option("--instances", a->instances, "--model: model copies running batches in parallel")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_count());
   cmd->add_option("--max-batch-size", a->max_batch_size, "--model: samples per forward at most")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_count());
   cmd->add_option("--max-queue-delay-us", a->max_queue_delay_us,
                   "--model: how long a request may wait for its batch to fill (microseconds)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_count());
   cmd->add_option("--http-address", a->http_address, "Address to listen on");
   cmd->add_option("--http-port", a->http_port, "KServe v2 HTTP port (0: any free port, printed)")
       ->check(CLI::Range(0, 65535));
@@ -107,15 +108,15 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--allow-metrics", a->allow_metrics, "Serve Prometheus metrics");
   cmd->add_option("--http-thread-count", a->http_thread_count,
                   "HTTP connections served at once (each open keep-alive connection holds one)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_count());
   cmd->add_option("--http-max-input-size", a->max_input_bytes, "Largest request body in bytes (above: 413)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_count());
   cmd->add_option("--exit-timeout", a->exit_timeout,
                   "Seconds the requests in flight get to finish after SIGTERM before the server exits with 1")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   cmd->add_option("--strict-readiness", a->strict_readiness, "/v2/health/ready only when every model is ready");
   cmd->add_option("--threads", a->threads, "Intra-op threads in all, split among the model instances (0: the cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_count());
   return {cmd, [a] { return run_serve(*a); }};
 }
 

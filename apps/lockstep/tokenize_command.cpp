@@ -8,6 +8,7 @@
 #include <memory>
 #include <sstream>
 
+#include "checks.h"
 #include "commands.h"
 #include "lockstep/core/names.h"
 #include "lockstep/data/text_corpus.h"
@@ -120,7 +121,7 @@ Command add_tokenize_command(CLI::App& app) {
       ->default_str("bpe");
   train->add_option_function<int64_t>("--vocab-size", [f](int64_t v) { f->train.vocab_size(v); },
                                       "Tokens after training, special tokens included")
-      ->check(CLI::PositiveNumber)
+      ->check(cli::positive_count())
       ->default_str("8000");
   train->add_option("--corpus", f->corpus, "Text to train on (see --corpus-format)")->required();
   add_format_option(train, f);

@@ -67,6 +67,19 @@ INSTANTIATE_TEST_SUITE_P(
                       BadInput{"frobnicate", "frobnicate"},
                       BadInput{"", "subcommand"}));
 
+// Every command's counts are checked as train's are: the rule in words, never CLI11's 309-digit
+// bound (issue 29: `tokenize train --vocab-size 0` printed DBL_MAX).
+INSTANTIATE_TEST_SUITE_P(
+    CountsInWords, CliRejects,
+    ::testing::Values(BadInput{"tokenize train --corpus /etc/hostname --vocab-size 0 --out x.json",
+                               "--vocab-size: '0' must be at least 1"},
+                      BadInput{"serve --model convnet --instances 0", "--instances: '0' must be at least 1"},
+                      BadInput{"serve --model convnet --http-max-input-size 0",
+                               "--http-max-input-size: '0' must be at least 1"},
+                      BadInput{"serve --model convnet --exit-timeout -1", "--exit-timeout: '-1' must be >= 0"},
+                      BadInput{"predict --model convnet --batch-size 0", "--batch-size: '0' must be at least 1"},
+                      BadInput{"predict --model convnet --limit -1", "--limit: '-1' must be at least 0"}));
+
 TEST(Cli, MissingDataDirectoryExitsOneNamingPathAndPackage) {
   auto r = run_command(kCli + " train --quiet --data-dir /nonexistent/fmnist");
   EXPECT_EQ(r.exit_code, 1) << r.output;
