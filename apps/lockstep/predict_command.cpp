@@ -48,7 +48,7 @@ data::Dataset load_dataset(const PredictArgs& a) {
                                       ? data::make_synthetic(data::SyntheticOptions().size(1))
                                       : data::load_fashion_mnist(a.data_dir, data::Split::kTest);
   return exporting::load_image_files(a.images, a.labels, models::input_shape(a.model), reference.mean,
-                                     reference.stddev)
+                                     reference.stddev, reference.num_classes)
       .take(a.limit);
 }
 

@@ -142,6 +142,34 @@ TEST_F(PredictCli, ReadsIdxAndRawImageFilesAsTheSplitItself) {
   EXPECT_EQ(unlabelled["predicted_counts"], split["predicted_counts"]);
 }
 
+// Files that are not what predict reads are refused naming them (issue 29): a label that is not one
+// of the model's classes (it made a 256-class confusion matrix), an IDX file of floats (its bytes
+// were read as pixels).
+TEST_F(PredictCli, LabelsOutsideTheModelsClassesAndFloatIdxImagesAreRefused) {
+  const auto test = data::load_fashion_mnist(kData, data::Split::kTest).take(300);
+  std::ofstream(dir_ / "images.raw", std::ios::binary)
+      .write(static_cast<const char*>(test.images.contiguous().data_ptr()), test.images.numel());
+  torch::Tensor labels = test.labels.to(torch::kUInt8).contiguous();
+  labels[3] = 255;
+  std::ofstream(dir_ / "labels.raw", std::ios::binary).write(static_cast<const char*>(labels.data_ptr()), 300);
+  const auto r = testing::run_command(kCli + " predict --model mlp --weights " + weights() + " --images " +
+                                      (dir_ / "images.raw") + " --labels " + (dir_ / "labels.raw"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("holds label 255 at index 3 (1 label(s) in all) but the model has 10 classes "
+                                  "(0 to 9)"));
+  {  // IDX header: 0, 0, type 0x0D (float32), 3 dimensions; then 2 x 28 x 28, big-endian; then the floats.
+    std::ofstream idx(dir_ / "floats.idx", std::ios::binary);
+    const unsigned char head[] = {0, 0, 0x0D, 3, 0, 0, 0, 2, 0, 0, 0, 28, 0, 0, 0, 28};
+    idx.write(reinterpret_cast<const char*>(head), sizeof(head));
+    const std::vector<char> values(2 * 28 * 28 * 4, 0);
+    idx.write(values.data(), static_cast<std::streamsize>(values.size()));
+  }
+  const auto floats = testing::run_command(kCli + " predict --model mlp --weights " + weights() + " --images " +
+                                           (dir_ / "floats.idx"));
+  EXPECT_NE(floats.exit_code, 0) << floats.output;
+  EXPECT_THAT(floats.output, HasSubstr("is an IDX file of float32 values; images and labels are read as uint8"));
+}
+
 TEST_F(PredictCli, PrintsAReportForAPerson) {
   const auto r = testing::run_command(kCli + " predict --model mlp --weights " + weights() + " --limit 500");
   ASSERT_EQ(r.exit_code, 0) << r.output;
