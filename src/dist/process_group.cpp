@@ -355,15 +355,14 @@ std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
 
 std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   const std::string& method = options.init_method();
-  TORCH_CHECK_VALUE(options.timeout().count() > 0, "timeout must be positive, got ",
-                    options.timeout().count(), " ms");
+  TORCH_CHECK_VALUE(options.timeout().count() > 0, "timeout must be positive, got ", options.timeout().count(), " ms");
   const std::chrono::milliseconds meet = options.rendezvous_timeout().value_or(options.timeout());
   TORCH_CHECK_VALUE(meet.count() > 0, "rendezvous_timeout must be positive, got ", meet.count(), " ms");
-  TORCH_CHECK_VALUE(options.backend() == "auto" || options.backend() == "gloo" ||
-                        options.backend() == "nccl",
-                    "unknown backend '", options.backend(), "'; choose auto, gloo or nccl");
+  const std::string& backend = options.backend();
+  TORCH_CHECK_VALUE(backend == "auto" || backend == "gloo" || backend == "nccl", "unknown backend '", backend,
+                    "'; choose auto, gloo or nccl");
   // See Note [Backend seam].
-  TORCH_CHECK_VALUE(options.backend() != "nccl", "backend 'nccl' is not available: this LibTorch ",
+  TORCH_CHECK_VALUE(backend != "nccl", "backend 'nccl' is not available: this LibTorch ",
                     "was built without CUDA/NCCL; use backend 'gloo' (or 'auto')");
 
   WorldInfo env = world_from_env();
@@ -393,8 +392,7 @@ std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   }
   store->setTimeout(meet);
   rendezvous(*store, rank, world, meet, where);
-  store->setTimeout(options.timeout());
-
+  store->setTimeout(options.timeout());  // the collectives' from here on
   return std::make_unique<ProcessGroup>(store, gloo_backend(store, rank, world, options.timeout()), options.timeout(),
                                         options.shared_memory());
 }
