@@ -74,4 +74,13 @@ void tfevents_round_trip_input(const uint8_t* data, size_t size);
 // under test).
 void tfevents_reader_input(const uint8_t* data, size_t size);
 
+// serve::http::RequestParser on a connection's bytes, read at once and in reads of 1 + (first
+// byte % 13) bytes: both must give the same requests and the same refusal (Note [One framing for
+// every hop]); no body may pass the limit; nothing may throw.
+void http_request_input(const uint8_t* data, size_t size);
+
+// serve::parse_model_config on a config.pbtxt for a model directory named "convnet": accepted
+// within the server's bounds, or refused with an error naming the file.
+void model_config_input(const uint8_t* data, size_t size);
+
 }  // namespace lockstep::fuzz

@@ -3,6 +3,9 @@
 #include <c10/util/StringUtil.h>
 #include <torch/torch.h>
 
+#include <sys/stat.h>
+
+#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -23,12 +26,17 @@ struct ServeArgs {
   int64_t instances = 1;
   int64_t max_batch_size = 64;
   int64_t max_queue_delay_us = 0;
-  std::string http_address = "0.0.0.0";
+  std::string http_address = "127.0.0.1";
   int http_port = 8000;
   int metrics_port = 8002;
   bool allow_metrics = true;
   int64_t http_thread_count = 64;
+  int64_t max_connections = 1024;
   int64_t max_input_bytes = int64_t{64} << 20;
+  double request_timeout = 30;
+  double idle_timeout = 60;
+  std::string auth_token_file;
+  bool verbose_errors = false;
   double exit_timeout = 30;
   bool strict_readiness = true;
   int64_t threads = 0;
@@ -40,6 +48,8 @@ void print_models(const serve::ModelRepository& repo, std::ostream& out) {
       out << "lockstep serve: model '" << m.name << "' UNAVAILABLE: " << m.reason << "\n";
       continue;
     }
+    for (const serve::UnavailableVersion& u : m.unavailable)
+      out << "lockstep serve: model '" << m.name << "' version " << u.version << " UNAVAILABLE: " << u.reason << "\n";
     for (const serve::ServedVersion& v : m.versions)
       out << "lockstep serve: model '" << m.name << "' version " << v.version << " READY (" << m.config->architecture
           << ", " << m.config->instance_count << " instance(s) x " << repo.threads_per_instance()
@@ -47,6 +57,23 @@ void print_models(const serve::ModelRepository& repo, std::ostream& out) {
           << (m.config->dynamic_batching ? "on" : "off") << ")\n";
   }
   out << std::flush;
+}
+
+// The bearer token in `path`: its first line, without the line end. Like ssh's keys, a file others
+// may read is refused.
+std::string read_token(const std::string& path) {
+  std::ifstream in(path);
+  TORCH_CHECK_VALUE(in.good(), "--auth-token-file '", path, "' cannot be read");
+  struct stat info {};
+  TORCH_CHECK_VALUE(::stat(path.c_str(), &info) == 0 && (info.st_mode & 0077) == 0, "--auth-token-file '", path,
+                    "' may be read by others (mode ", std::oct, info.st_mode & 0777, "); chmod 600 it");
+  std::string token;
+  std::getline(in, token);
+  if (!token.empty() && token.back() == '\r') token.pop_back();
+  TORCH_CHECK_VALUE(token.size() >= 16 && token.find_first_of(" \t") == std::string::npos, "--auth-token-file '", path,
+                    "': its first line must be the token, at least 16 characters without spaces (e.g. openssl rand "
+                    "-hex 32); it has ", token.size());
+  return token;
 }
 
 int run_serve(const ServeArgs& a) {
@@ -68,6 +95,11 @@ int run_serve(const ServeArgs& a) {
   }
   print_models(*repo, std::cout);
   serve::Server server(*repo, serve::ServerOptions()
+                                  .auth_token(a.auth_token_file.empty() ? "" : read_token(a.auth_token_file))
+                                  .verbose_errors(a.verbose_errors)
+                                  .max_connections(a.max_connections)
+                                  .request_timeout_s(a.request_timeout)
+                                  .idle_timeout_s(a.idle_timeout)
                                   .http_address(a.http_address)
                                   .http_port(a.http_port)
                                   .metrics_port(a.metrics_port)
@@ -100,15 +132,26 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--max-queue-delay-us", a->max_queue_delay_us,
                   "--model: how long a request may wait for its batch to fill (microseconds)")
       ->check(cli::non_negative_count());
-  cmd->add_option("--http-address", a->http_address, "Address to listen on");
+  cmd->add_option("--http-address", a->http_address,
+                  "Address to listen on (0.0.0.0: every interface; see --auth-token-file)");
   cmd->add_option("--http-port", a->http_port, "KServe v2 HTTP port (0: any free port, printed)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--metrics-port", a->metrics_port, "Prometheus /metrics port (0: any free port, printed)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--allow-metrics", a->allow_metrics, "Serve Prometheus metrics");
   cmd->add_option("--http-thread-count", a->http_thread_count,
-                  "HTTP connections served at once (each open keep-alive connection holds one)")
+                  "Requests handled at once (idle and slow connections hold no thread)")
       ->check(cli::positive_count());
+  cmd->add_option("--http-max-connections", a->max_connections, "Connections open at once (past it: 503)")
+      ->check(cli::positive_count());
+  cmd->add_option("--http-request-timeout", a->request_timeout,
+                  "Seconds from a request's first byte to its last (then 408)")
+      ->check(cli::positive_number());
+  cmd->add_option("--http-idle-timeout", a->idle_timeout, "Seconds a keep-alive connection may wait for a request")
+      ->check(cli::positive_number());
+  cmd->add_option("--auth-token-file", a->auth_token_file,
+                  "File whose first line is a bearer token every endpoint but the health probes requires");
+  cmd->add_flag("--verbose-errors", a->verbose_errors, "Name files by their whole path in error responses");
   cmd->add_option("--http-max-input-size", a->max_input_bytes, "Largest request body in bytes (above: 413)")
       ->check(cli::positive_count());
   cmd->add_option("--exit-timeout", a->exit_timeout,

@@ -4,10 +4,17 @@
 #include <torch/torch.h>
 
 #include <charconv>
+#include <cmath>
 #include <cstring>
+
+#include "json_scan.h"
 
 namespace lockstep::serve {
 namespace {
+
+using json_scan::Layout;
+using json_scan::ScannedBody;
+using json_scan::scan_body;
 
 constexpr int kBadRequest = 400;
 constexpr size_t kFp32Bytes = sizeof(float);
@@ -28,6 +35,18 @@ const nlohmann::json* member(const nlohmann::json& object, const char* key) {
   return it == object.end() ? nullptr : &*it;
 }
 
+// Refuses parameters this server would otherwise ignore (e.g. "classification",
+// "shared_memory_region"): a client must not take a result computed without them for one with.
+void check_parameters(const nlohmann::json& object, const std::string& what, const char* supported) {
+  const nlohmann::json* parameters = member(object, "parameters");
+  if (parameters == nullptr) return;
+  if (!parameters->is_object()) bad_request(what + " \"parameters\" must be an object, got " + parameters->dump());
+  for (const auto& item : parameters->items())
+    if (item.key() != supported)
+      bad_request(what + " parameter '" + item.key() + "' is not supported by this server (it reads only '" +
+                  supported + "' there)");
+}
+
 bool bool_parameter(const nlohmann::json& object, const char* key) {
   const nlohmann::json* parameters = member(object, "parameters");
   if (parameters == nullptr || !parameters->is_object()) return false;
@@ -37,12 +56,16 @@ bool bool_parameter(const nlohmann::json& object, const char* key) {
   return value->get<bool>();
 }
 
+
 // Appends the numbers of `data`, flat or nested to any depth, to `out`.
-void flatten(const nlohmann::json& data, std::vector<float>& out, const std::string& name) {
+void flatten(const nlohmann::json& data, std::vector<float>& out, const std::string& name, Layout& layout,
+             size_t depth = 0) {
   if (data.is_number()) {
     out.push_back(data.get<float>());
+    layout.number(depth);
   } else if (data.is_array()) {
-    for (const nlohmann::json& item : data) flatten(item, out, name);
+    layout.arrays.emplace_back(depth + 1, data.size());
+    for (const nlohmann::json& item : data) flatten(item, out, name, layout, depth + 1);
   } else {
     bad_request("input '" + name + "' data holds " + std::string(data.type_name()) + " " +
                 data.dump().substr(0, 40) + "; FP32 data is numbers (a flat or nested array)");
@@ -65,147 +88,22 @@ std::vector<int64_t> read_shape(const nlohmann::json& input, const std::string& 
   return dims;
 }
 
-// Note [Reading tensor data without a JSON DOM]
-// A batch-1 request for a 28x28 image is some 10 kB of JSON, almost all of it the 784 numbers of
-// inputs[i].data. Parsed into a DOM, each number costs a lexer pass with a token copy, strtod and
-// a json node; at concurrency 32 that was a third of the server's CPU (perf, 2026-11-23). So the
-// body is scanned once for the structure alone (strings, brackets, the keys on the path
-// inputs[i].data); a data array made only of JSON numbers, flat or nested, is read there with
-// std::from_chars (into the integer or double nlohmann would hold, then a float, as
-// json::get<float> does) and replaced by null in a
-// copy of the JSON that the DOM parser then reads. Anything else in that place (a string, a
-// number JSON does not allow, one out of double's range) is left in the text, so the DOM parser and
-// flatten() report it as before (a parse error is reported from the body as sent): the fast path
-// changes speed, never a result or a message.
-struct ScannedBody {
-  std::string json;                         // the body with each extracted data array as null
-  std::vector<std::vector<float>> inputs;   // inputs[i].data for the i-th extracted input
-  std::vector<size_t> input_index;          // which input each extracted array belongs to
-};
-
-bool json_digit(char c) { return c >= '0' && c <= '9'; }
-
-// Reads a JSON number at text[i..n): the grammar of RFC 8259 (no '+', no leading zeros, no bare
-// '.'), then its value as a float the way nlohmann::json does: an integer that fits 64 bits as
-// an integer (so "-0" is 0), anything else as a double. Returns false for anything else, or a
-// value outside double's range.
-bool read_number(const char* text, size_t n, size_t& i, float& value) {
-  const size_t start = i;
-  if (i < n && text[i] == '-') ++i;
-  if (i < n && text[i] == '0') {
-    ++i;
-  } else {
-    if (i >= n || !json_digit(text[i])) return false;
-    while (i < n && json_digit(text[i])) ++i;
-  }
-  bool integer = true;
-  if (i < n && text[i] == '.') {
-    integer = false;
-    if (++i >= n || !json_digit(text[i])) return false;
-    while (i < n && json_digit(text[i])) ++i;
-  }
-  if (i < n && (text[i] == 'e' || text[i] == 'E')) {
-    integer = false;
-    if (++i < n && (text[i] == '+' || text[i] == '-')) ++i;
-    if (i >= n || !json_digit(text[i])) return false;
-    while (i < n && json_digit(text[i])) ++i;
-  }
-  const char *first = text + start, *last = text + i;
-  if (integer) {
-    int64_t signed_value = 0;
-    const auto as_signed = std::from_chars(first, last, signed_value);
-    if (as_signed.ec == std::errc() && as_signed.ptr == last) return value = static_cast<float>(signed_value), true;
-    uint64_t unsigned_value = 0;
-    const auto as_unsigned = std::from_chars(first, last, unsigned_value);
-    if (as_unsigned.ec == std::errc() && as_unsigned.ptr == last) return value = static_cast<float>(unsigned_value), true;
-  }
-  double number = 0.0;
-  const auto [end, ec] = std::from_chars(first, last, number);
-  value = static_cast<float>(number);
-  return ec == std::errc() && end == last;
+// Data is flat, or nested exactly as the shape; every number within FP32's range.
+void check_values(const std::vector<float>& values, const Layout& layout, const std::vector<int64_t>& shape,
+                  const std::string& name) {
+  const bool flat = !layout.uneven && layout.number_depth <= 1 && layout.arrays.size() <= 1;
+  bool as_shape = !layout.uneven && layout.number_depth == shape.size();
+  for (const auto& [depth, length] : layout.arrays)
+    as_shape = as_shape && depth <= shape.size() && static_cast<int64_t>(length) == shape[depth - 1];
+  if (!flat && !as_shape)
+    bad_request("input '" + name + "' data is nested unlike its shape " + shape_text(shape) +
+                "; send the values flat, or nested exactly as the shape");
+  for (size_t k = 0; k < values.size(); ++k)
+    if (!std::isfinite(values[k]))
+      bad_request("input '" + name + "' value " + std::to_string(k) + " is outside FP32's range (magnitude at most " +
+                  "3.4028235e38)");
 }
 
-size_t skip_space(const char* text, size_t n, size_t i) {
-  while (i < n && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t')) ++i;
-  return i;
-}
-
-// Reads the array of numbers (nested to any depth) that starts at text[i] == '['; on success
-// appends them to `out` and returns the index after its ']'. Returns 0 when it is anything else.
-size_t read_number_array(const char* text, size_t n, size_t i, std::vector<float>& out) {
-  int depth = 0;
-  do {
-    i = skip_space(text, n, i);
-    if (i < n && text[i] == '[') {  // an array opens: a value or ']' follows
-      ++depth, ++i;
-      i = skip_space(text, n, i);
-      if (i < n && text[i] == ']') {
-        --depth, ++i;
-      } else {
-        continue;
-      }
-    } else {
-      float value = 0.0f;
-      if (!read_number(text, n, i, value)) return 0;
-      out.push_back(value);
-    }
-    // After a value: ',' and another value, or ']' closing one or more arrays.
-    for (i = skip_space(text, n, i); depth > 0 && i < n && text[i] == ']'; i = skip_space(text, n, i)) --depth, ++i;
-    if (depth == 0) return i;
-    if (i >= n || text[i] != ',') return 0;
-    ++i;
-  } while (true);
-}
-
-// See Note [Reading tensor data without a JSON DOM]. Malformed JSON is copied as it is, for the
-// DOM parser to report.
-ScannedBody scan_body(const char* text, size_t n) {
-  struct Frame {
-    bool object;
-    std::string key;  // an object's current key (raw bytes between the quotes)
-    size_t index = 0; // an array's current element
-  };
-  ScannedBody scanned;
-  std::vector<Frame> stack;
-  size_t copied = 0;  // text[0, copied) is in scanned.json
-  bool at_key = false;
-  for (size_t i = 0; i < n;) {
-    const char c = text[i];
-    if (c == '"') {
-      const size_t start = ++i;
-      while (i < n && text[i] != '"') i += text[i] == '\\' ? 2 : 1;
-      if (at_key && !stack.empty()) stack.back().key.assign(text + start, std::min(i, n) - start), at_key = false;
-      ++i;
-    } else if (c == '{' || c == '[') {
-      const bool input_data = c == '[' && stack.size() == 3 && stack[0].object && stack[0].key == "inputs" &&
-                              !stack[1].object && stack[2].object && stack[2].key == "data";
-      std::vector<float> values;
-      const size_t end = input_data ? read_number_array(text, n, i, values) : 0;
-      if (end != 0) {
-        scanned.json.append(text + copied, i - copied).append("null");
-        scanned.inputs.push_back(std::move(values));
-        scanned.input_index.push_back(stack[1].index);
-        copied = i = end;
-        continue;
-      }
-      stack.push_back({c == '{', "", 0});
-      at_key = c == '{';
-      ++i;
-    } else if (c == '}' || c == ']') {
-      if (!stack.empty()) stack.pop_back();
-      at_key = false;
-      ++i;
-    } else if (c == ',') {
-      if (!stack.empty() && stack.back().object) at_key = true;
-      if (!stack.empty() && !stack.back().object) ++stack.back().index;
-      ++i;
-    } else {
-      ++i;
-    }
-  }
-  scanned.json.append(text + copied, n - copied);
-  return scanned;
-}
 
 }  // namespace
 
@@ -254,6 +152,7 @@ InferRequest parse_infer_request(const std::string& body, std::optional<size_t> 
   int64_t elements = 1;
   for (int64_t d : shape) elements *= d;
 
+  check_parameters(input, "input '" + input_name + "'", "binary_data_size");
   request.input = torch::empty(shape, torch::kFloat);
   const nlohmann::json* parameters = member(input, "parameters");
   const nlohmann::json* binary_size = parameters != nullptr && parameters->is_object()
@@ -279,18 +178,22 @@ InferRequest parse_infer_request(const std::string& body, std::optional<size_t> 
     const nlohmann::json* data = member(input, "data");
     if (data == nullptr) bad_request("input '" + input_name + "' has neither \"data\" nor parameters.binary_data_size");
     std::vector<float> values;
+    Layout layout;
     if (!scanned.inputs.empty() && scanned.input_index[0] == 0 && data->is_null()) {
       values = std::move(scanned.inputs[0]);  // read by scan_body
+      layout = std::move(scanned.layouts[0]);
     } else {
       values.reserve(static_cast<size_t>(elements));
-      flatten(*data, values, input_name);
+      flatten(*data, values, input_name, layout);
     }
+    check_values(values, layout, shape, input_name);
     if (static_cast<int64_t>(values.size()) != elements)
       bad_request("input '" + input_name + "' has " + std::to_string(values.size()) + " values; shape " +
                   shape_text(shape) + " needs " + std::to_string(elements));
     std::memcpy(request.input.data_ptr<float>(), values.data(), values.size() * kFp32Bytes);
   }
 
+  check_parameters(j, "the request's", "binary_data_output");
   request.binary_output = bool_parameter(j, "binary_data_output");
   if (const nlohmann::json* outputs = member(j, "outputs")) {
     if (!outputs->is_array()) bad_request("\"outputs\" must be an array");
@@ -299,6 +202,7 @@ InferRequest parse_infer_request(const std::string& body, std::optional<size_t> 
       if (out_name == nullptr || *out_name != config.output.name)
         bad_request("unknown output " + (out_name == nullptr ? std::string("(no name)") : out_name->dump()) +
                     "; model '" + config.name + "' returns '" + config.output.name + "'");
+      check_parameters(output, "output '" + config.output.name + "'", "binary_data");
       request.binary_output = bool_parameter(output, "binary_data") || request.binary_output;
     }
   }

@@ -2,12 +2,10 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
-#include <httplib.h>
 #include <torch/torch.h>
 
-#include <algorithm>
-#include <cctype>
 #include <chrono>
+#include <filesystem>
 #include <regex>
 #include <string>
 
@@ -17,22 +15,69 @@ namespace lockstep::serve {
 namespace {
 
 constexpr const char* kJson = "application/json";
-// /v2/models/{model}[/versions/{version}]: match 1 the model, match 2 the version or "".
-const std::string kModelPath = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
+constexpr std::string_view kModels = "/v2/models/";
 
-std::string over_limit(const ServiceState& state) {
-  return "the request body is over the size limit of " + std::to_string(state.max_input_bytes) +
-         " bytes (--http-max-input-size)";
+http::Response json_response(int status, const nlohmann::json& body) {
+  http::Response r;
+  r.status = status;
+  r.content_type = kJson;
+  r.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return r;
 }
 
-void reply(httplib::Response& res, int status, const nlohmann::json& body) {
-  res.status = status;
-  res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), kJson);
+// Compares in time that depends on the lengths only, not on where the first difference is.
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char difference = 0;
+  for (size_t i = 0; i < a.size(); ++i) difference |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return difference == 0;
 }
 
-void reply_error(httplib::Response& res, int status, const std::string& message) {
-  res.status = status;
-  res.set_content(error_body(message), kJson);
+void check_token(const std::string& token, const http::Request& req) {
+  if (token.empty()) return;
+  const std::string* given = req.header("authorization");
+  if (given == nullptr) throw HttpError(401, "this server needs \"Authorization: Bearer <token>\" (--auth-token-file)");
+  if (!same_secret(*given, "Bearer " + token)) throw HttpError(401, "the bearer token is not this server's");
+}
+
+std::string public_reason(const ServiceState& state, const std::string& reason) {
+  if (state.verbose_errors) return reason;
+  namespace fs = std::filesystem;
+  std::string out = reason;
+  const std::string& dir = state.repository.directory();
+  std::error_code ec;
+  for (const std::string& prefix : {dir, fs::absolute(dir, ec).string(), fs::weakly_canonical(dir, ec).string()}) {
+    if (prefix.empty()) continue;
+    const std::string with_slash = prefix.back() == '/' ? prefix : prefix + "/";
+    for (size_t at = out.find(with_slash); at != std::string::npos; at = out.find(with_slash, at))
+      out.erase(at, with_slash.size());
+  }
+  static const std::regex elsewhere(R"((^|[\s'"(=])/(?:[^\s'"():/]+/)+([^\s'"():/]+))");
+  return std::regex_replace(out, elsewhere, "$1$2");
+}
+
+// /v2/models/{model}[/versions/{version}][/{action}], split.
+struct ModelPath {
+  std::string model, version, action;  // action: "", "ready", "stats" or "infer"
+};
+
+std::optional<ModelPath> model_path(std::string_view rest) {
+  std::vector<std::string> parts;
+  for (size_t slash; (slash = rest.find('/')) != std::string_view::npos; rest.remove_prefix(slash + 1))
+    parts.emplace_back(rest.substr(0, slash));
+  parts.emplace_back(rest);
+  for (const std::string& p : parts)
+    if (p.empty()) return std::nullopt;
+  ModelPath m{parts[0], "", ""};
+  size_t next = 1;
+  if (parts.size() >= 3 && parts[1] == "versions") {
+    m.version = parts[2];
+    next = 3;
+  }
+  if (next + 1 == parts.size()) m.action = parts[next];
+  if (parts.size() > next + 1 || (m.action != "" && m.action != "ready" && m.action != "stats" && m.action != "infer"))
+    return std::nullopt;
+  return m;
 }
 
 // The model and version a request names; throws HttpError 404 (unknown) or 503 (not ready).
@@ -41,66 +86,59 @@ struct Target {
   const ServedVersion* version;
 };
 
-Target find_target(const ModelRepository& repository, const httplib::Request& req) {
-  const std::string name = req.matches[1];
-  const std::string version = req.matches.size() > 2 ? std::string(req.matches[2]) : std::string();
-  const ServedModel* model = repository.find(name);
+Target find_target(const ServiceState& state, const ModelPath& path) {
+  const ServedModel* model = state.repository.find(path.model);
   if (model == nullptr) {
     std::vector<std::string> names;
-    for (const ServedModel& m : repository.models()) names.push_back("'" + m.name + "'");
-    throw HttpError(404, "unknown model '" + name + "'; this server has " +
+    for (const ServedModel& m : state.repository.models()) names.push_back("'" + m.name + "'");
+    throw HttpError(404, "unknown model '" + path.model + "'; this server has " +
                              (names.empty() ? std::string("none") : c10::Join(", ", names)));
   }
-  if (!model->ready) throw HttpError(503, "model '" + name + "' is not ready: " + model->reason);
-  const ServedVersion* v = model->find_version(version);
+  if (!model->ready)
+    throw HttpError(503, "model '" + path.model + "' is not ready: " + public_reason(state, model->reason));
+  const ServedVersion* v = model->find_version(path.version);
+  for (const UnavailableVersion& u : model->unavailable)
+    if (v == nullptr && std::to_string(u.version) == path.version)
+      throw HttpError(503, "model '" + path.model + "' version " + path.version +
+                               " is not ready: " + public_reason(state, u.reason));
   if (v == nullptr) {
     std::vector<int64_t> versions;
     for (const ServedVersion& s : model->versions) versions.push_back(s.version);
-    throw HttpError(404, "model '" + name + "' has no version '" + version + "'; it serves version(s) " +
+    throw HttpError(404, "model '" + path.model + "' has no version '" + path.version + "'; it serves version(s) " +
                              c10::Join(", ", versions));
   }
   return {model, v};
 }
 
-// Runs `handler`, turning what it throws into the error response.
-template <typename F>
-void guarded(httplib::Response& res, F&& handler) {
-  try {
-    handler();
-  } catch (const HttpError& e) {
-    reply_error(res, e.status(), e.what());
-  } catch (const Unavailable& e) {
-    reply_error(res, 503, e.what());
-  } catch (const c10::Error& e) {
-    reply_error(res, 500, std::string("inference failed: ") + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    reply_error(res, 500, std::string("inference failed: ") + e.what());
-  }
+std::optional<size_t> header_length(const http::Request& req) {
+  const std::string* value = req.header("inference-header-content-length");
+  if (value == nullptr) return std::nullopt;
+  if (value->empty() || value->size() > 12 || value->find_first_not_of("0123456789") != std::string::npos)
+    throw HttpError(400, "Inference-Header-Content-Length '" + *value + "' is not a byte count");
+  return static_cast<size_t>(std::stoull(*value));
 }
 
-std::optional<size_t> header_length(const httplib::Request& req) {
-  if (!req.has_header("Inference-Header-Content-Length")) return std::nullopt;
-  const std::string value = req.get_header_value("Inference-Header-Content-Length");
-  if (value.empty() || value.size() > 12 || value.find_first_not_of("0123456789") != std::string::npos)
-    throw HttpError(400, "Inference-Header-Content-Length '" + value + "' is not a byte count");
-  return static_cast<size_t>(std::stoull(value));
-}
-
-void infer(const ServiceState& state, const httplib::Request& req, const std::string& body, httplib::Response& res) {
+http::Response infer(const Target& t, const http::Request& req) {
+  const std::string* type = req.header("content-type");
+  if (type != nullptr && type->rfind("multipart/form-data", 0) == 0)
+    throw HttpError(400, "a multipart/form-data body is not an infer request; send JSON (with binary data after it: "
+                         "Inference-Header-Content-Length)");
   const auto start = std::chrono::steady_clock::now();
-  const Target t = find_target(state.repository, req);
   auto elapsed_ns = [&] {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   };
   try {
     const ModelConfig& config = *t.model->config;
-    const InferRequest request = parse_infer_request(body, header_length(req), config);
+    const InferRequest request = parse_infer_request(req.body, header_length(req), config);
     const torch::Tensor output = t.version->batcher->submit(request.input).get();
     const InferResponse response = make_infer_response(request, config, t.version->version, output);
+    http::Response r;
+    r.content_type = response.content_type;
+    r.body = std::move(response.body);
     if (response.header_length)
-      res.set_header("Inference-Header-Content-Length", std::to_string(*response.header_length));
-    res.set_content(response.body, response.content_type);
+      r.headers.emplace_back("Inference-Header-Content-Length", std::to_string(*response.header_length));
     t.version->statistics->record_success(elapsed_ns());
+    return r;
   } catch (...) {
     t.version->statistics->record_failure(elapsed_ns());
     throw;
@@ -114,127 +152,108 @@ nlohmann::json stats_of(const ServedModel& model, const ServedVersion* only) {
   return list;
 }
 
-}  // namespace
-
-void add_inference_routes(httplib::Server& server, ServiceState& state) {
-  const ModelRepository& repo = state.repository;
-  // Framing is checked before any body is read. A request whose length a proxy and this server
-  // could read differently (two Content-Lengths that differ, or one beside chunked encoding: the
-  // shape of request smuggling) is refused; only the infer route reads a chunked body itself, under
-  // the size limit, since httplib would read one sent anywhere else whole, however large. Both
-  // close the connection: the body stays unread.
-  server.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
-    static const std::regex infer(kModelPath + "/infer");
-    std::string framing = req.get_header_value("Transfer-Encoding");
-    std::transform(framing.begin(), framing.end(), framing.begin(), [](unsigned char c) { return std::tolower(c); });
-    const bool chunked = framing.find("chunked") != std::string::npos;
-    const size_t lengths = req.get_header_value_count("Content-Length");
-    bool differ = false;
-    for (size_t i = 1; i < lengths; ++i)
-      differ = differ || req.get_header_value("Content-Length", i) != req.get_header_value("Content-Length", 0);
-    if ((chunked && lengths > 0) || differ) {
-      res.set_header("Connection", "close");
-      reply_error(res, 400, chunked ? "the request has both a Content-Length and chunked encoding; send one of them"
-                                    : "the request has Content-Length headers that differ; send one");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (!chunked || std::regex_match(req.path, infer)) return httplib::Server::HandlerResponse::Unhandled;
-    res.set_header("Connection", "close");
-    reply_error(res, 411, "a chunked body is accepted only by /v2/models/NAME/infer; send this one with a "
-                          "Content-Length");
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  server.Get("/v2/health/live", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
-  server.Get("/v2/health/ready", [&state, &repo](const httplib::Request&, httplib::Response& res) {
-    if (state.shutting_down) return reply_error(res, 503, "the server is shutting down");
-    for (const ServedModel& m : repo.models())
-      if (!m.ready && state.strict_readiness)
-        return reply_error(res, 503, "model '" + m.name + "' is not ready: " + m.reason);
-    res.status = 200;
-  });
-  server.Get("/v2", [](const httplib::Request&, httplib::Response& res) { reply(res, 200, server_metadata()); });
-  server.Get("/v2/models/stats", [&repo](const httplib::Request&, httplib::Response& res) {
-    nlohmann::json all = nlohmann::json::array();
-    for (const ServedModel& m : repo.models())
-      for (const nlohmann::json& s : stats_of(m, nullptr)) all.push_back(s);
-    reply(res, 200, {{"model_stats", all}});
-  });
-  server.Get(kModelPath, [&repo](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] {
-      const Target t = find_target(repo, req);
-      std::vector<int64_t> versions;
-      for (const ServedVersion& v : t.model->versions)
-        if (req.matches[2].length() == 0 || &v == t.version) versions.push_back(v.version);
-      reply(res, 200, model_metadata(*t.model->config, versions));
-    });
-  });
-  server.Get(kModelPath + "/ready", [&state, &repo](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] {
-      find_target(repo, req);
-      if (state.shutting_down) throw HttpError(503, "the server is shutting down");
-      res.status = 200;
-    });
-  });
-  server.Get(kModelPath + "/stats", [&repo](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] {
-      const Target t = find_target(repo, req);
-      reply(res, 200, {{"model_stats", stats_of(*t.model, req.matches[2].length() == 0 ? nullptr : t.version)}});
-    });
-  });
-  // The body is read here rather than by httplib, which caps bodies sent as
-  // application/x-www-form-urlencoded (curl -d's default) at 8 KiB and parses them as a form.
-  server.Post(kModelPath + "/infer",
-              [&state](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
-                if (req.is_multipart_form_data()) {
-                  res.set_header("Connection", "close");
-                  return reply_error(res, 400, "a multipart/form-data body is not an infer request; send JSON (with "
-                                               "binary data after it: Inference-Header-Content-Length)");
-                }
-                // The limit holds in every framing: httplib checks a Content-Length, but reads a
-                // chunked body to its end whatever its size.
-                std::string body;
-                bool over = false;
-                const bool read = reader([&](const char* data, size_t size) {
-                  over = body.size() + size > static_cast<size_t>(state.max_input_bytes);
-                  if (!over) body.append(data, size);
-                  return !over;
-                });
-                if (over) {
-                  res.set_header("Connection", "close");  // the rest of the body is never read
-                  return reply_error(res, 413, over_limit(state));
-                }
-                if (!read) return;  // httplib set the status (413 over the limit, 400 unreadable)
-                guarded(res, [&] { infer(state, req, body, res); });
-              });
-  server.Post("/v2/repository/index", [&repo](const httplib::Request&, httplib::Response& res) {
-    nlohmann::json index = nlohmann::json::array();
-    for (const ServedModel& m : repo.models()) {
-      if (!m.ready) index.push_back({{"name", m.name}, {"state", "UNAVAILABLE"}, {"reason", m.reason}});
-      for (const ServedVersion& v : m.versions)
-        index.push_back({{"name", m.name}, {"version", std::to_string(v.version)}, {"state", "READY"}});
-    }
-    reply(res, 200, index);
-  });
-  // httplib's own errors (no route: 404; body over the limit: 413) get the same JSON shape; a
-  // handler's error already has its body.
-  server.set_error_handler([&state](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 413) return reply_error(res, 413, over_limit(state));
-    if (res.status == 404) return reply_error(res, 404, "no endpoint " + req.method + " " + req.path);
-    if (res.status == 400)
-      return reply_error(res, 400, "the request could not be read (a body needs a Content-Length or chunked encoding)");
-    reply_error(res, res.status, "HTTP error " + std::to_string(res.status));
-  });
+http::Response readiness(const ServiceState& state) {
+  if (state.shutting_down) throw HttpError(503, "the server is shutting down");
+  for (const ServedModel& m : state.repository.models())
+    if (!m.ready && state.strict_readiness)
+      throw HttpError(503, "model '" + m.name + "' is not ready: " + public_reason(state, m.reason));
+  return http::Response{};
 }
 
-void add_metrics_routes(httplib::Server& server, const ModelRepository& repository) {
-  server.Get("/metrics", [&repository](const httplib::Request&, httplib::Response& res) {
-    std::vector<LabelledSnapshot> versions;
-    for (const ServedModel& m : repository.models())
+http::Response model_route(const ServiceState& state, const http::Request& req, const ModelPath& path) {
+  const Target t = find_target(state, path);
+  if (path.action == "infer") return infer(t, req);
+  if (path.action == "ready") {
+    if (state.shutting_down) throw HttpError(503, "the server is shutting down");
+    return http::Response{};
+  }
+  if (path.action == "stats")
+    return json_response(200, {{"model_stats", stats_of(*t.model, path.version.empty() ? nullptr : t.version)}});
+  std::vector<int64_t> versions;
+  for (const ServedVersion& v : t.model->versions)
+    if (path.version.empty() || &v == t.version) versions.push_back(v.version);
+  return json_response(200, model_metadata(*t.model->config, versions));
+}
+
+http::Response route(const ServiceState& state, const http::Request& req) {
+  const std::string& p = req.path;
+  const bool get = req.method == "GET", post = req.method == "POST";
+  if (get && p == "/v2/health/live") return http::Response{};
+  if (get && p == "/v2/health/ready") return readiness(state);
+  check_token(state.auth_token, req);
+  if (get && p == "/v2") return json_response(200, server_metadata());
+  if (get && p == "/v2/models/stats") {
+    nlohmann::json all = nlohmann::json::array();
+    for (const ServedModel& m : state.repository.models())
+      for (const nlohmann::json& s : stats_of(m, nullptr)) all.push_back(s);
+    return json_response(200, {{"model_stats", all}});
+  }
+  if (post && p == "/v2/repository/index") {
+    nlohmann::json index = nlohmann::json::array();
+    for (const ServedModel& m : state.repository.models()) {
+      if (!m.ready)
+        index.push_back({{"name", m.name}, {"state", "UNAVAILABLE"}, {"reason", public_reason(state, m.reason)}});
       for (const ServedVersion& v : m.versions)
-        versions.push_back({m.name, std::to_string(v.version), v.statistics->snapshot()});
-    res.set_content(prometheus_text(versions), "text/plain; version=0.0.4");
-  });
+        index.push_back({{"name", m.name}, {"version", std::to_string(v.version)}, {"state", "READY"}});
+      for (const UnavailableVersion& u : m.ready ? m.unavailable : std::vector<UnavailableVersion>{})
+        index.push_back({{"name", m.name}, {"version", std::to_string(u.version)}, {"state", "UNAVAILABLE"},
+                         {"reason", public_reason(state, u.reason)}});
+    }
+    return json_response(200, index);
+  }
+  if (p.rfind(kModels, 0) == 0)
+    if (const auto path = model_path(std::string_view(p).substr(kModels.size())))
+      if ((path->action == "infer") == post && (post || get)) return model_route(state, req, *path);
+  throw HttpError(404, "no endpoint " + req.method + " " + p);
+}
+
+// Runs `handler`, turning what it throws into the error response.
+template <typename F>
+http::Response guarded(F&& handler) {
+  try {
+    return handler();
+  } catch (const HttpError& e) {
+    http::Response r = error_response(e.status(), e.what());
+    if (e.status() == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"lockstep\"");
+    return r;
+  } catch (const Unavailable& e) {
+    return error_response(503, e.what());
+  } catch (const c10::Error& e) {
+    return error_response(500, std::string("inference failed: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return error_response(500, std::string("inference failed: ") + e.what());
+  }
+}
+
+}  // namespace
+
+http::Response error_response(int status, const std::string& message) {
+  http::Response r;
+  r.status = status;
+  r.content_type = kJson;
+  r.body = error_body(message);
+  return r;
+}
+
+http::Handler inference_handler(ServiceState& state) {
+  return [&state](const http::Request& req) { return guarded([&] { return route(state, req); }); };
+}
+
+http::Handler metrics_handler(const ModelRepository& repository, std::string auth_token) {
+  return [&repository, token = std::move(auth_token)](const http::Request& req) {
+    return guarded([&] {
+      check_token(token, req);
+      if (req.method != "GET" || req.path != "/metrics") throw HttpError(404, "no endpoint " + req.method + " " + req.path);
+      std::vector<LabelledSnapshot> versions;
+      for (const ServedModel& m : repository.models())
+        for (const ServedVersion& v : m.versions)
+          versions.push_back({m.name, std::to_string(v.version), v.statistics->snapshot()});
+      http::Response r;
+      r.content_type = "text/plain; version=0.0.4";
+      r.body = prometheus_text(versions);
+      return r;
+    });
+  };
 }
 
 }  // namespace lockstep::serve

@@ -51,7 +51,8 @@ TensorSpec tensor_spec(const proto::Tensor& t, const char* field, const std::str
 
 ModelConfig default_model_config(const std::string& architecture, int64_t instance_count) {
   models::check_model_name(architecture);
-  TORCH_CHECK_VALUE(instance_count >= 1, "--instances ", instance_count, " must be at least 1");
+  TORCH_CHECK_VALUE(instance_count >= 1 && instance_count <= kMaxInstances, "--instances ", instance_count,
+                    " must be between 1 and ", kMaxInstances);
   ModelConfig c;
   c.name = architecture;
   c.architecture = architecture;
@@ -115,6 +116,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
                       ": instance_group kind KIND_GPU: this server runs on the CPU; use KIND_CPU");
     TORCH_CHECK_VALUE(group.count() >= 0, source, ": instance_group count ", group.count(), " must not be negative");
     c.instance_count += group.count() == 0 ? 1 : group.count();  // Triton's default count is 1
+    TORCH_CHECK_VALUE(c.instance_count <= kMaxInstances, source, ": instance_group count ", group.count(), " makes ",
+                      c.instance_count, " instances; a model has at most ", kMaxInstances,
+                      " (each is a copy of the weights and a thread; --threads shares the cores among them)");
   }
 
   const proto::VersionPolicy& v = p.version_policy();

@@ -1,6 +1,7 @@
 #include "lockstep/serve/model_repository.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -80,9 +81,23 @@ void load_versions(ServedModel& model, const fs::path& directory, int64_t thread
       for (int64_t v : model.config->version_policy.versions)
         TORCH_CHECK(std::count(chosen.begin(), chosen.end(), v) == 1, "version_policy asks for version ", v,
                     " but '", (directory / std::to_string(v)).string(), "' does not exist");
-    for (int64_t v : chosen)
-      model.versions.push_back(
-          load_version(*model.config, v, (directory / std::to_string(v) / kWeightsFile).string(), threads_per_instance));
+    for (int64_t v : chosen) {
+      try {
+        model.versions.push_back(load_version(*model.config, v, (directory / std::to_string(v) / kWeightsFile).string(),
+                                              threads_per_instance));
+      } catch (const c10::Error& e) {
+        model.unavailable.push_back({v, e.what_without_backtrace()});
+      } catch (const std::exception& e) {
+        model.unavailable.push_back({v, e.what()});
+      }
+    }
+    if (model.versions.empty()) {
+      std::vector<std::string> reasons;
+      for (const UnavailableVersion& u : model.unavailable)
+        reasons.push_back(chosen.size() == 1 ? u.reason : "version " + std::to_string(u.version) + ": " + u.reason);
+      model.reason = c10::Join("; ", reasons);
+      return;
+    }
     model.ready = true;
   } catch (const c10::Error& e) {
     model.versions.clear();
@@ -112,6 +127,7 @@ std::unique_ptr<ModelRepository> ModelRepository::load(const std::string& direct
   std::sort(dirs.begin(), dirs.end());
 
   std::unique_ptr<ModelRepository> repo(new ModelRepository());
+  repo->directory_ = directory;
   int64_t instances = 0;
   for (const fs::path& dir : dirs) {
     ServedModel m;

@@ -1,7 +1,6 @@
 #include "lockstep/serve/server.h"
 
 #include <c10/util/Exception.h>
-#include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -12,14 +11,12 @@
 #include <mutex>
 #include <thread>
 
+#include "lockstep/serve/http_server.h"
 #include "lockstep/serve/http_service.h"
 
 namespace lockstep::serve {
 namespace {
 
-// Requests one keep-alive connection may carry before the server closes it (httplib's default, 5,
-// makes a load generator reconnect every fifth request).
-constexpr size_t kKeepAliveMaxCount = 10000;
 constexpr int kMetricsThreads = 2;
 constexpr auto kSignalPoll = std::chrono::milliseconds(100);
 
@@ -36,19 +33,28 @@ sigset_t shutdown_signals() {
 
 const char* signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP"; }
 
-// SO_REUSEADDR only: a restarted server binds a port whose old connections are in TIME_WAIT, but a
-// second server cannot bind a port this one listens on (httplib's default adds SO_REUSEPORT, with
-// which two servers share a port and the kernel splits the requests between them).
-void reuse_address_only(socket_t sock) {
-  int yes = 1;
-  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+// The options of one of the two HTTP servers.
+http::HttpServerOptions http_options(const ServerOptions& o, int port, size_t threads) {
+  http::HttpServerOptions h;
+  h.address = o.http_address();
+  h.port = port;
+  h.threads = threads;
+  h.max_connections = static_cast<size_t>(o.max_connections());
+  h.limits.max_body_bytes = static_cast<size_t>(o.max_input_bytes());
+  h.request_timeout_s = o.request_timeout_s();
+  h.idle_timeout_s = o.idle_timeout_s();
+  h.error_response = error_response;
+  return h;
 }
 
-int bind(httplib::Server& server, const std::string& address, int port, const char* flag) {
-  const int bound = port == 0 ? server.bind_to_any_port(address) : (server.bind_to_port(address, port) ? port : -1);
-  TORCH_CHECK(bound > 0, "cannot listen on ", address, ":", port, " (", flag,
-              "): the port is taken or the address is not this machine's; pick another ", flag, " (0: any free port)");
-  return bound;
+// Binds; a port that is taken is named with its flag.
+std::unique_ptr<http::HttpServer> listen(http::Handler handler, http::HttpServerOptions options, const char* flag) {
+  try {
+    return std::make_unique<http::HttpServer>(std::move(handler), options);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, e.what_without_backtrace(), " (", flag, "): the port is taken or the address is not this ",
+                "machine's; pick another ", flag, " (0: any free port)");
+  }
 }
 
 }  // namespace
@@ -63,7 +69,7 @@ struct Server::Impl {
   ModelRepository& repository;
   ServerOptions options;
   ServiceState state;
-  httplib::Server http, metrics;
+  std::unique_ptr<http::HttpServer> http, metrics;
   std::atomic<bool> stopping{false};
   std::ostream* log = nullptr;
   std::mutex mutex;
@@ -76,28 +82,21 @@ Server::Server(ModelRepository& repository, ServerOptions options)
     : impl_(std::make_unique<Impl>(repository, std::move(options))) {
   const ServerOptions& o = impl_->options;
   TORCH_CHECK_VALUE(o.http_thread_count() >= 1, "--http-thread-count ", o.http_thread_count(), " must be at least 1");
+  TORCH_CHECK_VALUE(o.max_connections() >= 1, "--http-max-connections ", o.max_connections(), " must be at least 1");
   TORCH_CHECK_VALUE(o.max_input_bytes() >= 1, "--http-max-input-size ", o.max_input_bytes(), " must be at least 1");
   TORCH_CHECK_VALUE(o.exit_timeout_s() >= 0, "--exit-timeout ", o.exit_timeout_s(), " must not be negative");
   TORCH_CHECK_VALUE(!o.allow_metrics() || o.http_port() == 0 || o.http_port() != o.metrics_port(), "--http-port and ",
                     "--metrics-port are both ", o.http_port(), ": give the metrics a port of their own (0: any free port)");
   impl_->state.strict_readiness = o.strict_readiness();
-  impl_->state.max_input_bytes = o.max_input_bytes();
-  const auto threads = static_cast<size_t>(o.http_thread_count());
-  impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  impl_->http.set_keep_alive_max_count(kKeepAliveMaxCount);
-  // httplib writes a response's headers and body in separate sends: with Nagle's algorithm the
-  // body waits for the client's delayed ACK, ~40 ms per request.
-  impl_->http.set_tcp_nodelay(true);
-  impl_->http.set_socket_options(reuse_address_only);
-  impl_->http.set_payload_max_length(static_cast<size_t>(o.max_input_bytes()));
-  add_inference_routes(impl_->http, impl_->state);
-  http_port_ = bind(impl_->http, o.http_address(), o.http_port(), "--http-port");
+  impl_->state.auth_token = o.auth_token();
+  impl_->state.verbose_errors = o.verbose_errors();
+  impl_->http = listen(inference_handler(impl_->state),
+                       http_options(o, o.http_port(), static_cast<size_t>(o.http_thread_count())), "--http-port");
+  http_port_ = impl_->http->port();
   if (o.allow_metrics()) {
-    impl_->metrics.new_task_queue = [] { return new httplib::ThreadPool(kMetricsThreads); };
-    impl_->metrics.set_tcp_nodelay(true);
-    impl_->metrics.set_socket_options(reuse_address_only);
-    add_metrics_routes(impl_->metrics, repository);
-    metrics_port_ = bind(impl_->metrics, o.http_address(), o.metrics_port(), "--metrics-port");
+    impl_->metrics = listen(metrics_handler(repository, o.auth_token()),
+                            http_options(o, o.metrics_port(), kMetricsThreads), "--metrics-port");
+    metrics_port_ = impl_->metrics->port();
   }
 }
 
@@ -122,21 +121,15 @@ void Server::stop() {
                   << " s; exiting without them" << std::endl;
     std::_Exit(1);
   });
-  // httplib's stop() only closes a socket that listen() has started on.
-  for (int i = 0; i < 2000 && !impl_->http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  impl_->http.stop();
-  if (impl_->options.allow_metrics()) {
-    for (int i = 0; i < 2000 && !impl_->metrics.is_running(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    impl_->metrics.stop();
-  }
+  impl_->http->stop();
+  if (impl_->metrics) impl_->metrics->stop();
 }
 
 int Server::run(std::ostream& log) {
   impl_->log = &log;
   ::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not end the server
   std::thread metrics_thread;
-  if (impl_->options.allow_metrics()) metrics_thread = std::thread([this] { impl_->metrics.listen_after_bind(); });
+  if (impl_->metrics) metrics_thread = std::thread([this] { impl_->metrics->serve(); });
   std::atomic<bool> served{false};
   std::thread signal_thread([this, &served, &log] {
     const sigset_t set = shutdown_signals();
@@ -152,10 +145,9 @@ int Server::run(std::ostream& log) {
   });
   const std::string& address = impl_->options.http_address();
   log << "lockstep serve: KServe v2 HTTP on http://" << address << ":" << http_port_;
-  if (impl_->options.allow_metrics()) log << ", metrics on http://" << address << ":" << metrics_port_ << "/metrics";
+  if (impl_->metrics) log << ", metrics on http://" << address << ":" << metrics_port_ << "/metrics";
   log << std::endl;
-  const bool listened = impl_->http.listen_after_bind();  // returns once stopped and every handler is done
-  if (!listened) stop();
+  impl_->http->serve();  // returns once stopped and every request read is answered
   served = true;
   signal_thread.join();
   if (metrics_thread.joinable()) metrics_thread.join();
@@ -166,8 +158,8 @@ int Server::run(std::ostream& log) {
   }
   impl_->finished_cv.notify_all();
   if (impl_->watchdog.joinable()) impl_->watchdog.join();
-  log << "lockstep serve: stopped" << (listened ? "" : " (the HTTP socket failed)") << std::endl;
-  return listened ? 0 : 1;
+  log << "lockstep serve: stopped" << std::endl;
+  return 0;
 }
 
 }  // namespace lockstep::serve

@@ -60,6 +60,8 @@ TEST(FuzzReplay, CheckpointLoaderCorpusAndCrashes) { replay("checkpoint", checkp
 TEST(FuzzReplay, TensorBoardRoundTripCorpusAndCrashes) { replay("tfevents_round_trip", tfevents_round_trip_input); }
 TEST(FuzzReplay, TensorBoardReaderCorpusAndCrashes) { replay("tfevents_reader", tfevents_reader_input); }
 TEST(FuzzReplay, ZipChecksumCorpusAndCrashes) { replay("zip_checksum", zip_checksum_input); }
+TEST(FuzzReplay, HttpRequestParserCorpusAndCrashes) { replay("http_request", http_request_input); }
+TEST(FuzzReplay, ModelConfigCorpusAndCrashes) { replay("model_config", model_config_input); }
 
 // The oracle the targets share: an error is clean only when it names the file.
 TEST(FuzzReplay, AnErrorThatDoesNotNameTheFileIsAViolation) {

@@ -63,7 +63,7 @@ TEST(HttpProtocol, DataReadWithoutADomHasTheDomsBitsForEveryNumberSpelling) {
   // Spellings to parse, not results of training: strtod and the DOM round them by IEEE-754 rules,
   // the same on every x86-64 CPU.
   std::vector<std::string> numbers{"0", "-0", "-0.0", "1", "-1", "1E5", "2.5e-3", "-7e+2", "4.9e-324", "1e-310",
-                                   "3.4028235e38", "1e39", "-1e39", "1e-50", "123456789012345678901234567890",
+                                   "3.4028235e38", "-3.4028235e38", "1e-50", "123456789012345678901234567890",
                                    "0.1", "0.30000000000000004", "16777217", "3.1415926535897932384626"};
   std::uniform_real_distribution<double> uniform(-1.0, 1.0);
   const char* formats[] = {"%.17g", "%.9g", "%.3e", "%.0f", "%g"};
@@ -86,9 +86,9 @@ TEST(HttpProtocol, DataReadWithoutADomHasTheDomsBitsForEveryNumberSpelling) {
     else if (i % 8 == 7) nested += ",";
   }
   for (const std::string& data : {flat, nested}) {
-    // data before the other fields, and a "data" key under parameters that is not the tensor's
+    // data before the other fields, and a "data" key deeper down that is not the tensor's
     const std::string body = R"({ "inputs" : [ { "data" :)" + data +
-                             R"(, "name":"input","shape":[4,1,8,8],"datatype":"FP32","parameters":{"data":[1]}}]})";
+                             R"(, "name":"input","shape":[4,1,8,8],"datatype":"FP32","extra":{"data":[1]}}]})";
     const std::vector<float> expected = dom_values(body);
     ASSERT_EQ(expected.size(), numbers.size());
     const auto r = serve::parse_infer_request(body, std::nullopt, config);
@@ -185,6 +185,23 @@ TEST(HttpProtocol, EveryMalformedRequestIsA400NamingTheProblem) {
       {header16 + std::string(10, 'x'), header16.size(),
        "the body holds 10 bytes after the JSON header"},
       {"{}", 500, "Inference-Header-Content-Length 500 is more than the body's 2 bytes"},
+      // values: within FP32's range (1e39 was answered with nulls), nested as the shape or flat
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,1e39]}]}", std::nullopt,
+       "value 3 is outside FP32's range"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[[-1e39],2,3,4]}]}", std::nullopt, "nested unlike its shape"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[[[[1,2,3],[4]]]]}]}", std::nullopt,
+       "data is nested unlike its shape [1, 1, 2, 2]"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[[1,2],[3,4]]}]}", std::nullopt, "nested unlike its shape"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,[2,[3]],4]}]}", std::nullopt, "nested unlike its shape"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[[[[1,\"2\"],[3,4]]]]}]}", std::nullopt, "data holds string"},
+      // parameters the server would ignore are refused, as Triton refuses what it does not support
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,4]}],\"outputs\":[{\"name\":\"logits\","
+       "\"parameters\":{\"classification\":3}}]}", std::nullopt,
+       "output 'logits' parameter 'classification' is not supported by this server"},
+      {"{\"inputs\":[{" + ok_input + ",\"parameters\":{\"shared_memory_region\":\"r\"}}]}", std::nullopt,
+       "input 'input' parameter 'shared_memory_region' is not supported"},
+      {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,4]}],\"parameters\":{\"priority\":1}}", std::nullopt,
+       "the request's parameter 'priority' is not supported"},
   };
   for (const Case& c : cases) {
     try {

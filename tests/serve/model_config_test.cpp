@@ -86,6 +86,9 @@ TEST(ModelConfig, RefusesWhatDoesNotFitTheModel) {
       {"backend: \"lockstep\" max_batch_size: 0", "max_batch_size 0 must be at least 1"},
       {base + fp32_input + "dynamic_batching { preferred_batch_size: 9 }", "preferred_batch_size 9"},
       {base + fp32_input + "instance_group { kind: KIND_GPU }", "KIND_GPU"},
+      {base + fp32_input + "instance_group { count: 1000000 }",
+       "instance_group count 1000000 makes 1000000 instances; a model has at most 64"},
+      {base + fp32_input + "instance_group [ { count: 40 }, { count: 40 } ]", "makes 80 instances"},
       {"name: \"other\"", "differs from its directory 'convnet'"},
   };
   for (const Case& c : cases)

@@ -26,14 +26,22 @@ struct ServedVersion {
   std::unique_ptr<Batcher> batcher;
 };
 
-// A model of the repository. A model whose config or weights failed to load stays listed, not
-// ready, with the reason; the others serve.
+// A version that failed to load, and why.
+struct UnavailableVersion {
+  int64_t version = 0;
+  std::string reason;
+};
+
+// A model of the repository. A model whose config failed to load, or none of whose versions did,
+// stays listed, not ready, with the reason; the others serve. A version that fails to load is
+// listed as unavailable while the model's other versions serve (as Triton does).
 struct ServedModel {
   std::string name;
   std::optional<ModelConfig> config;  // unset when config.pbtxt did not parse
   bool ready = false;
   std::string reason;                 // why not ready
   std::vector<ServedVersion> versions;  // ascending; empty unless ready
+  std::vector<UnavailableVersion> unavailable;  // ascending
 
   // The version asked for ("" or absent: the highest), or nullptr.
   const ServedVersion* find_version(const std::string& version) const;
@@ -65,6 +73,8 @@ class ModelRepository {
   ~ModelRepository();
 
   const std::vector<ServedModel>& models() const { return models_; }
+  // The directory load() read, as given; "" for single().
+  const std::string& directory() const { return directory_; }
   const ServedModel* find(const std::string& name) const;
   bool all_ready() const;
   int64_t threads_per_instance() const { return threads_per_instance_; }
@@ -74,6 +84,7 @@ class ModelRepository {
  private:
   ModelRepository() = default;
   std::vector<ServedModel> models_;
+  std::string directory_;
   int64_t threads_per_instance_ = 1;
 };
 

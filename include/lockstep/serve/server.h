@@ -8,21 +8,25 @@
 
 #include "lockstep/serve/model_repository.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace lockstep::serve {
 
 struct ServerOptions {
-  TORCH_ARG(std::string, http_address) = "0.0.0.0";
+  // Loopback by default, unlike Triton's all interfaces: the server has no authentication unless
+  // auth_token is set, so reaching it from elsewhere is a choice (see docs/serving.md, "Security").
+  TORCH_ARG(std::string, http_address) = "127.0.0.1";
   TORCH_ARG(int, http_port) = 8000;        // 0: a free port the OS picks (printed)
   TORCH_ARG(int, metrics_port) = 8002;     // 0: a free port the OS picks (printed)
   TORCH_ARG(bool, allow_metrics) = true;
-  // Connections served at once: each keep-alive connection holds one thread while open, and
-  // requests only batch across connections that are being served. See docs/serving.md.
+  // Requests handled at once (each waits for its batch on a thread); idle and slow connections
+  // hold none. See Note [Bounded connections] and docs/serving.md.
   TORCH_ARG(int64_t, http_thread_count) = 64;
-  TORCH_ARG(int64_t, max_input_bytes) = int64_t{64} << 20;  // request bodies above: 413
+  TORCH_ARG(int64_t, max_connections) = 1024;  // open at once; past it a client gets 503
+  TORCH_ARG(int64_t, max_input_bytes) = int64_t{64} << 20;  // request bodies above, in any framing: 413
+  TORCH_ARG(double, request_timeout_s) = 30;  // from a request's first byte to its last; then 408
+  TORCH_ARG(double, idle_timeout_s) = 60;     // a keep-alive connection without a request is closed
+  // Non-empty: every endpoint but the health probes needs "Authorization: Bearer <auth_token>".
+  TORCH_ARG(std::string, auth_token);
+  TORCH_ARG(bool, verbose_errors) = false;  // filesystem paths in error responses (see ServiceState)
   TORCH_ARG(double, exit_timeout_s) = 30;  // after SIGTERM, in-flight requests have this long
   TORCH_ARG(bool, strict_readiness) = true;  // /v2/health/ready only when every model is ready
 };

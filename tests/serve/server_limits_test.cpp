@@ -1,0 +1,183 @@
+// `lockstep serve` against clients that try to exhaust it (tests/python/http_clients.py): slow and
+// idle connections hold no thread, the connection count is bounded with a 503 past it, pipelined
+// requests are answered in order, requests that are not HTTP/1.1 are answered at once; and what an
+// unauthenticated client may see: the bearer token, the default address, no filesystem paths.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <iostream>
+
+#include "serve_process.h"
+
+namespace lockstep {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::curl;
+
+class ServeLimitsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    testing::write_convnet_weights(weights());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string weights() { return *dir_ / "convnet.pt"; }
+
+  // A server with 4 HTTP threads (so that tens of connections outnumber them) and `extra` flags.
+  std::unique_ptr<testing::ServeProcess> start(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args{"--model", "convnet", "--weights", weights(), "--threads", "1",
+                                  "--http-thread-count", "4"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto server = std::make_unique<testing::ServeProcess>(args, scratch_ / "log");
+    EXPECT_TRUE(server->wait_ready()) << server->log();
+    return server;
+  }
+
+  // tests/python/http_clients.py MODE against `server`: what it measured.
+  static nlohmann::json clients(const testing::ServeProcess& server, const std::string& mode, int n = 0) {
+    const auto r = testing::run_command("timeout 120 python3 " + std::string(LOCKSTEP_SOURCE_DIR) +
+                                        "/tests/python/http_clients.py " + mode + " " + std::to_string(server.port()) +
+                                        " " + std::to_string(n));
+    std::cout << "[ measured ] " << mode << " " << n << ": " << r.output;
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output, nullptr, false);
+  }
+
+  static testing::TempDir* dir_;
+  testing::TempDir scratch_;
+};
+testing::TempDir* ServeLimitsTest::dir_ = nullptr;
+
+// 100 connections each sending a header line every 0.2 s, against 4 threads: with a thread per
+// connection (httplib) the health probe waited for one; here each slow request ends with 408 at
+// --http-request-timeout, and the probes are answered meanwhile.
+TEST_F(ServeLimitsTest, SlowClientsGetATimeoutAndHoldNoThread) {
+  const auto server = start({"--http-request-timeout", "2"});
+  const nlohmann::json r = clients(*server, "slowloris", 100);
+  EXPECT_EQ(r["health_failures"], 0);
+  EXPECT_LT(r["health_ms_max"].get<double>(), 1000.0);  // 5 s or more before; the docs give the figures
+  EXPECT_EQ(r["ended"], 100);
+  EXPECT_EQ(r["ended_with"], nlohmann::json::array({408}));
+  EXPECT_LT(r["seconds"].get<double>(), 10.0);
+  EXPECT_EQ(curl(server->url("/v2/health/live")).status, 200);
+}
+
+TEST_F(ServeLimitsTest, IdleKeepAliveConnectionsDoNotDelayANewClient) {
+  const auto server = start();
+  const nlohmann::json r = clients(*server, "idle", 64);
+  EXPECT_EQ(r["status"], 200);
+  EXPECT_LT(r["ms"].get<double>(), 1000.0);  // 64 idle connections stalled a new client ~5 s before
+}
+
+TEST_F(ServeLimitsTest, OneConnectionPastTheLimitGets503UntilAnotherCloses) {
+  const auto server = start({"--http-max-connections", "8"});
+  const nlohmann::json r = clients(*server, "connections", 8);
+  EXPECT_EQ(r["over_limit"], 503);
+  EXPECT_EQ(r["after_one_closed"], 200);
+}
+
+TEST_F(ServeLimitsTest, PipelinedRequestsAreAnsweredInOrder) {
+  const auto server = start();
+  const nlohmann::json r = clients(*server, "pipeline");
+  EXPECT_EQ(r["statuses"], nlohmann::json::array({200, 200, 200, 200}));
+  EXPECT_EQ(r["bodies"][0], "");
+  EXPECT_THAT(r["bodies"][1].get<std::string>(), HasSubstr("\"extensions\""));
+  EXPECT_THAT(r["bodies"][2].get<std::string>(), HasSubstr("\"name\":\"convnet\""));
+  EXPECT_LT(r["ms"].get<double>(), 1000.0);  // the second was lost, or waited 5 s, before
+}
+
+TEST_F(ServeLimitsTest, RequestsThatAreNotHttp11AreAnsweredAtOnce) {
+  const auto server = start();
+  const nlohmann::json r = clients(*server, "malformed");
+  const std::map<std::string, int> expected{{"http_0_9", 400},         {"http_2_preface", 505},
+                                            {"tls_client_hello", 400}, {"garbage", 400},
+                                            {"header_100_kb", 431},    {"two_content_lengths", 400}};
+  for (const auto& [name, status] : expected) {
+    EXPECT_EQ(r[name]["status"], status) << name;
+    EXPECT_LT(r[name]["ms"].get<double>(), 1000.0) << name;  // 5 s, then an unrelated message, before
+  }
+  EXPECT_EQ(curl(server->url("/v2/health/live")).status, 200);
+}
+
+// The token guards everything but the two probes an orchestrator sends without credentials.
+TEST_F(ServeLimitsTest, ABearerTokenGuardsEveryEndpointButTheHealthProbes) {
+  const std::string token_file = scratch_ / "token";
+  std::ofstream(token_file) << "0123456789abcdef0123\n";
+  ::chmod(token_file.c_str(), 0644);
+  const auto readable = testing::run_command(std::string(LOCKSTEP_CLI) + " serve --model convnet --weights " +
+                                             weights() + " --auth-token-file " + token_file);
+  EXPECT_EQ(readable.exit_code, 2) << readable.output;
+  EXPECT_THAT(readable.output, HasSubstr("may be read by others (mode 644); chmod 600 it"));
+  ::chmod(token_file.c_str(), 0600);
+  const auto server = start({"--auth-token-file", token_file});
+  const std::string good = "-H 'Authorization: Bearer 0123456789abcdef0123' ";
+  EXPECT_EQ(curl(server->url("/v2/health/live")).status, 200);
+  EXPECT_EQ(curl(server->url("/v2/health/ready")).status, 200);
+  for (const std::string& path : {"/v2", "/v2/models/convnet", "/v2/models/convnet/ready", "/v2/models/stats"}) {
+    const auto none = curl(server->url(path));
+    EXPECT_EQ(none.status, 401) << path;
+    EXPECT_THAT(none.json()["error"].get<std::string>(), HasSubstr("needs \"Authorization: Bearer <token>\""));
+    EXPECT_EQ(curl("-H 'Authorization: Bearer 0123456789abcdef0124' " + server->url(path)).status, 401) << path;
+    EXPECT_EQ(curl(good + server->url(path)).status, 200) << path;
+  }
+  const std::string body = scratch_ / "body.json";
+  std::ofstream(body) << testing::json_infer_body(torch::zeros({1, 1, 28, 28}));
+  EXPECT_EQ(curl("--data-binary @" + body + " " + server->url("/v2/models/convnet/infer")).status, 401);
+  EXPECT_EQ(curl(good + "--data-binary @" + body + " " + server->url("/v2/models/convnet/infer")).status, 200);
+  EXPECT_EQ(curl(server->metrics_url()).status, 401);
+  EXPECT_EQ(curl(good + server->metrics_url()).status, 200);
+  EXPECT_THAT(server->log(), Not(HasSubstr("0123456789abcdef0123")));
+}
+
+// Error responses name the repository's files relative to it; the whole path only with
+// --verbose-errors. The log always has it.
+TEST_F(ServeLimitsTest, ResponsesNameNoFilesystemPathUnlessVerbose) {
+  testing::TempDir repo;
+  testing::write_repository_model(repo.path(), "convnet", testing::convnet_config(8, 0), weights());
+  testing::write_repository_model(repo.path(), "broken", testing::convnet_config(8, 0), "");
+  std::ofstream(repo / "broken/1/model.pt") << "not a weights file";
+  for (const bool verbose : {false, true}) {
+    std::vector<std::string> args{"--model-repository", repo.path(), "--threads", "1", "--strict-readiness", "false"};
+    if (verbose) args.push_back("--verbose-errors");
+    testing::ServeProcess server(args, scratch_ / "log");
+    ASSERT_TRUE(server.wait_ready()) << server.log();
+    const std::string index = curl("-X POST " + server.url("/v2/repository/index")).body;
+    const std::string ready = curl(server.url("/v2/models/broken/ready")).body;
+    EXPECT_THAT(server.log(), HasSubstr(repo.path() + "/broken/1/model.pt"));
+    for (const std::string& body : {index, ready}) {
+      EXPECT_THAT(body, HasSubstr("broken/1/model.pt")) << body;
+      if (verbose)
+        EXPECT_THAT(body, HasSubstr(repo.path() + "/broken/1/model.pt")) << body;
+      else
+        EXPECT_THAT(body, Not(HasSubstr(repo.path()))) << body;
+    }
+  }
+}
+
+// Unlike Triton (every interface), loopback unless --http-address says otherwise.
+TEST_F(ServeLimitsTest, ListensOnLoopbackByDefault) {
+  const std::vector<std::string> argv{LOCKSTEP_CLI, "serve", "--model", "convnet", "--weights", weights(),
+                                      "--threads", "1", "--http-port", "0", "--metrics-port", "0"};
+  testing::ChildProcess child(argv, scratch_ / "default.log");
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return testing::read_text(scratch_ / "default.log").find("HTTP on http://") != std::string::npos; },
+      std::chrono::seconds(60)));
+  std::smatch port;
+  const std::string log = testing::read_text(scratch_ / "default.log");
+  ASSERT_TRUE(std::regex_search(log, port, std::regex(R"(HTTP on http://127\.0\.0\.1:(\d+))"))) << log;
+  // The kernel's table of listening sockets: 127.0.0.1 (0100007F), not every interface (00000000).
+  char local[32];
+  std::snprintf(local, sizeof(local), ":%04X ", std::stoi(port[1]));
+  const std::string table = testing::read_text("/proc/net/tcp");
+  EXPECT_THAT(table, HasSubstr("0100007F" + std::string(local)));
+  EXPECT_THAT(table, Not(HasSubstr("00000000" + std::string(local))));
+}
+
+}  // namespace
+}  // namespace lockstep
