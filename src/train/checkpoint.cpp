@@ -138,7 +138,7 @@ void check_same_run(const Checkpoint& c, const GenericDict& run, const std::stri
   std::string differences;
   for (const auto& item : run) {
     const std::string& key = item.key().toStringRef();
-    if (key == "world_size" || key == "batch_size") continue;  // see Note [Resuming on another world size]
+    if (key == "world_size" || key == "replicas" || key == "batch_size") continue;  // Note [Resuming on another world size]
     auto it = c.run.find(key);
     std::ostringstream d;
     if (it == c.run.end()) {
@@ -156,7 +156,8 @@ void check_same_run(const Checkpoint& c, const GenericDict& run, const std::stri
 }
 
 // See Note [Resuming on another world size].
-std::string adapt_position(Checkpoint& c, const GenericDict& run, const std::string& path) {
+std::string adapt_position(TrainingPosition& position, const GenericDict& written, const GenericDict& run,
+                           const std::string& path) {
   auto setting = [&](const GenericDict& settings, const char* key, const char* where) {
     auto it = settings.find(key);
     TORCH_CHECK(it != settings.end() && it->value().isInt(), where, " has no integer '", key, "' setting");
@@ -165,16 +166,20 @@ std::string adapt_position(Checkpoint& c, const GenericDict& run, const std::str
   // A run that records no data layout (a library user's own settings) has nothing to adapt.
   if (run.find("world_size") == run.end() || run.find("batch_size") == run.end()) return "";
   const std::string source = "checkpoint '" + path + "'";
-  const int64_t world = setting(c.run, "world_size", source.c_str()), batch = setting(c.run, "batch_size", source.c_str());
-  const int64_t new_world = setting(run, "world_size", "this run"), new_batch = setting(run, "batch_size", "this run");
+  // Data-parallel replicas: ranks, or a pipeline's stages together (recorded since issue 29; before, every rank was one).
+  const auto replicas = [&](const GenericDict& settings, const char* where) {
+    return setting(settings, settings.find("replicas") != settings.end() ? "replicas" : "world_size", where);
+  };
+  const int64_t world = replicas(written, source.c_str()), batch = setting(written, "batch_size", source.c_str());
+  const int64_t new_world = replicas(run, "this run"), new_batch = setting(run, "batch_size", "this run");
   const int64_t accum = setting(run, "accum_steps", "this run");
   if (world == new_world && batch == new_batch) return "";
-  const int64_t consumed = c.position.micro_batch * batch * world;  // samples of the epoch, all ranks
+  const int64_t consumed = position.micro_batch * batch * world;  // samples of the epoch, all replicas
   const int64_t per_step = new_batch * new_world * accum;
-  c.position.micro_batch = consumed / per_step * accum;
-  const int64_t repeated = consumed - c.position.micro_batch * new_batch * new_world;
+  position.micro_batch = consumed / per_step * accum;
+  const int64_t repeated = consumed - position.micro_batch * new_batch * new_world;
   std::ostringstream notice;
-  notice << source << " was written by " << world << " rank(s) of batch " << batch << " (" << world * batch
+  notice << source << " was written by " << world << " data-parallel replica(s) of batch " << batch << " (" << world * batch
          << " samples per micro-batch); this run has " << new_world << " of batch " << new_batch << " ("
          << new_world * new_batch << "). ";
   if (world * batch == new_world * new_batch) {

@@ -81,20 +81,27 @@ std::optional<Checkpoint> Checkpointer::load_resume(int64_t epochs) {
   std::optional<Checkpoint> c;
   if (path == "latest" || (std::filesystem::is_directory(path) && !is_sharded_checkpoint(path))) {
     const std::string dir = path == "latest" ? options_.dir() : path;
-    if (list_checkpoints(dir).empty()) {
+    const std::vector<std::string> found = list_checkpoints(dir);
+    if (group_) {  // the fallback below votes once per checkpoint: every rank needs the same list
+      const auto [fewest, most] = range_over_ranks(static_cast<int64_t>(found.size()));
+      TORCH_CHECK(fewest == most, "rank ", rank_, " finds ", found.size(), " checkpoint(s) in '", dir,
+                  "' but other ranks find between ", fewest, " and ", most,
+                  ": every rank must see the same checkpoint directory (a shared filesystem across nodes)");
+    }
+    if (found.empty()) {
       TORCH_CHECK_VALUE(path == "latest", "rank ", rank_, ": --resume '", path,
                         "': no checkpoint (step-*.pt, or a sharded step-*/) in it");
       if (rank_ == 0) say(ReportKind::kInfo, "no checkpoint in '", dir, "' yet: starting from scratch");
       return std::nullopt;
     }
-    c = load_newest_readable(dir, path);
+    path = dir;
+    c = load_newest_readable(found, path);  // sharded: its rank files read too
+    check_same_run(*c, run_, path);
   } else {
     c = load_checkpoint(path);
+    check_same_run(*c, run_, path);
+    if (c->sharded) read_sharded(*c);
   }
-  check_same_run(*c, run_, path);
-  if (c->sharded) read_sharded(*c);
-  const std::string notice = adapt_position(*c, run_, path);  // see Note [Resuming on another world size]
-  if (!notice.empty() && rank_ == 0) say(ReportKind::kWarning, notice);
   TORCH_CHECK_VALUE(c->position.epoch <= epochs, "checkpoint '", path, "' has completed ", c->position.epoch,
                     " epochs and --epochs is ", epochs, "; --epochs counts from the start of training: pass ",
                     c->position.epoch, " or more");
@@ -127,24 +134,44 @@ void Checkpointer::read_sharded(Checkpoint& c) {
 // A run killed while writing leaves the previous checkpoint intact (the write is atomic), but a
 // damaged disk or a bad copy can still leave the newest file unreadable. A restart loop resuming
 // "latest" would then fail on every attempt; instead it takes the newest file that reads (CRCs
-// verified, see core/zip_checksum.h) and says which it skipped and why. A checkpoint named
-// explicitly never falls back.
-Checkpoint Checkpointer::load_newest_readable(const std::string& dir, std::string& path) {
-  const std::vector<std::string> all = list_checkpoints(dir);
+// verified, see core/zip_checksum.h) and says which it skipped and why; for a sharded checkpoint
+// that includes the rank files (one missing, or left from another save). Every rank resumes the
+// same checkpoint: one that any rank cannot read is skipped by all. A checkpoint named explicitly
+// never falls back.
+Checkpoint Checkpointer::load_newest_readable(const std::vector<std::string>& all, std::string& path) {
   std::string skipped;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    std::optional<Checkpoint> c;
+    std::string error;
     try {
-      Checkpoint c = load_checkpoint(*it);
-      path = *it;
-      return c;
+      c = load_checkpoint(*it);
+      if (c->sharded) read_sharded(*c);
     } catch (const c10::Error& e) {
-      say(ReportKind::kWarning, "rank ", rank_, ": skipping checkpoint '", *it, "': ", e.what_without_backtrace(),
-          "; trying the one before it");
-      skipped += (skipped.empty() ? "'" : ", '") + *it + "'";
+      error = e.what_without_backtrace();
     }
+    const std::vector<std::string> failed = ranks_that_failed(!error.empty());
+    if (failed.empty()) {
+      path = *it;
+      return std::move(*c);
+    }
+    if (!error.empty())
+      say(ReportKind::kWarning, "rank ", rank_, ": skipping checkpoint '", *it, "': ", error, "; trying the one before it");
+    else if (rank_ == 0)
+      say(ReportKind::kWarning, "skipping checkpoint '", *it, "': rank(s) ", c10::Join(", ", failed),
+          " cannot read it (their warnings say why); trying the one before it");
+    skipped += (skipped.empty() ? "'" : ", '") + *it + "'";
   }
-  TORCH_CHECK(false, "rank ", rank_, ": none of the ", all.size(), " checkpoints in '", dir, "' can be read (",
+  TORCH_CHECK(false, "rank ", rank_, ": none of the ", all.size(), " checkpoints in '", path, "' can be read (",
               skipped, "); the warnings above say why. Start afresh without --resume, in an empty --checkpoint-dir");
+}
+
+std::vector<std::string> Checkpointer::ranks_that_failed(bool failed) const {
+  const torch::Tensor mine = torch::tensor({static_cast<int64_t>(failed)}, torch::kInt64);
+  const std::vector<torch::Tensor> votes = group_ ? group_->all_gather(mine) : std::vector<torch::Tensor>{mine};
+  std::vector<std::string> ranks;
+  for (size_t r = 0; r < votes.size(); ++r)
+    if (votes[r].item<int64_t>() != 0) ranks.push_back(std::to_string(r));
+  return ranks;
 }
 
 // Not resuming: a fresh run's step-N files would interleave with the ones already there, and its
@@ -168,6 +195,8 @@ void Checkpointer::refuse_existing_checkpoints() {
 }
 
 TrainingPosition Checkpointer::restore(const std::optional<Checkpoint>& c, parallel::Strategy& strategy) {
+  // What the data position counts in, saved with every checkpoint from here on.
+  run_.insert_or_assign("replicas", (group_ ? group_->size() : 1) / strategy.ranks_per_replica());
   TrainingPosition position;
   if (c) {
     const std::string source = "checkpoint '" + resumed_from_ + "'";
@@ -193,6 +222,8 @@ TrainingPosition Checkpointer::restore(const std::optional<Checkpoint>& c, paral
       generator.set_state(rng);
     }
     position = c->position;
+    const std::string notice = adapt_position(position, c->run, run_, resumed_from_);  // Note [Resuming on another world size]
+    if (!notice.empty() && rank_ == 0) say(ReportKind::kWarning, notice);
     if (rank_ == 0)
       say(ReportKind::kInfo, "resumed from '", resumed_from_, "': epoch ", position.epoch + 1, ", step ", position.step);
   }
@@ -203,12 +234,17 @@ TrainingPosition Checkpointer::restore(const std::optional<Checkpoint>& c, paral
 // Every rank resumes from the same step, or none does: a rank that found another checkpoint (no
 // shared filesystem, a file written in between) would train a different number of steps.
 void Checkpointer::check_same_position_on_all_ranks(const TrainingPosition& position) {
-  torch::Tensor steps = torch::tensor({position.step, -position.step}, torch::kInt64);
-  group_->all_reduce(steps, dist::ReduceOp::kMax);
-  TORCH_CHECK(steps[0].item<int64_t>() == -steps[1].item<int64_t>(), "rank ", rank_, " resumes at step ",
-              position.step, (resumed_from_.empty() ? " (no checkpoint)" : " from '" + resumed_from_ + "'"),
-              " but other ranks resume between steps ", -steps[1].item<int64_t>(), " and ", steps[0].item<int64_t>(),
+  const auto [lowest, highest] = range_over_ranks(position.step);
+  TORCH_CHECK(lowest == highest, "rank ", rank_, " resumes at step ", position.step,
+              (resumed_from_.empty() ? " (no checkpoint)" : " from '" + resumed_from_ + "'"),
+              " but other ranks resume between steps ", lowest, " and ", highest,
               ": every rank must see the same checkpoint directory (a shared filesystem across nodes)");
+}
+
+std::pair<int64_t, int64_t> Checkpointer::range_over_ranks(int64_t value) const {
+  torch::Tensor both = torch::tensor({value, -value}, torch::kInt64);
+  group_->all_reduce(both, dist::ReduceOp::kMax);
+  return {-both[1].item<int64_t>(), both[0].item<int64_t>()};
 }
 
 void Checkpointer::save(const TrainingPosition& at, parallel::Strategy& strategy) {
@@ -282,11 +318,7 @@ void Checkpointer::save_sharded(const TrainingPosition& at, parallel::Strategy& 
     say(ReportKind::kError, "rank ", rank_, ": its file of the sharded checkpoint at step ", at.step,
         " was not written: ", error);
   // The vote: metadata.pt is written only when every rank's file is.
-  const torch::Tensor mine = torch::tensor({static_cast<int64_t>(!error.empty())}, torch::kInt64);
-  const std::vector<torch::Tensor> votes = group_ ? group_->all_gather(mine) : std::vector<torch::Tensor>{mine};
-  std::vector<std::string> failed;
-  for (size_t r = 0; r < votes.size(); ++r)
-    if (votes[r].item<int64_t>() != 0) failed.push_back(std::to_string(r));
+  const std::vector<std::string> failed = ranks_that_failed(!error.empty());
   if (rank_ == 0) {
     if (failed.empty()) attempt([&] {
       save_sharded_metadata(c);

@@ -136,6 +136,23 @@ c10::impl::GenericDict world(int64_t world_size, int64_t batch_size, int64_t acc
   return run;
 }
 
+// A pipeline's stages together are one data-parallel replica: zero2 on 2 ranks (2 replicas) resumed
+// by a 2-stage pipeline (1 replica) takes half the samples per micro-batch. Before replicas were
+// recorded, both counted 2 and the resume retrained part of the epoch without a word.
+TEST(Checkpoint, APipelinesStagesCountAsOneReplicaWhenResuming) {
+  Trained a;
+  Checkpoint c = sample_checkpoint(a);
+  c.run.insert("batch_size", int64_t{10});
+  c.run.insert("replicas", int64_t{2});
+  c10::impl::GenericDict pipeline = world(2, 10, 1);
+  pipeline.insert("replicas", int64_t{1});
+  const std::string notice = adapt_position(c.position, c.run, pipeline, "c.pt");
+  EXPECT_EQ(c.position.micro_batch, 14);
+  EXPECT_THAT(notice, HasSubstr("written by 2 data-parallel replica(s) of batch 10 (20 samples per micro-batch); this "
+                                "run has 1 of batch 10 (10)"));
+  EXPECT_THAT(notice, HasSubstr("The data order differs from here on"));
+}
+
 // See Note [Resuming on another world size]: 7 micro-batches of 10 on 2 ranks consumed the first
 // 140 samples of the epoch's permutation.
 TEST(Checkpoint, AnotherWorldSizeResumesAfterTheSamplesAlreadyConsumed) {
@@ -143,14 +160,15 @@ TEST(Checkpoint, AnotherWorldSizeResumesAfterTheSamplesAlreadyConsumed) {
   auto at = [&](int64_t world_size, int64_t batch_size, int64_t accum_steps, std::string& notice) {
     Checkpoint c = sample_checkpoint(a);
     c.run.insert("batch_size", int64_t{10});
-    notice = adapt_position(c, world(world_size, batch_size, accum_steps), "c.pt");
+    notice = adapt_position(c.position, c.run, world(world_size, batch_size, accum_steps), "c.pt");
     return c.position.micro_batch;
   };
   std::string notice;
   EXPECT_EQ(at(2, 10, 1, notice), 7);  // the same run
   EXPECT_EQ(notice, "");
   EXPECT_EQ(at(1, 20, 1, notice), 7);  // the same global batch: the same steps
-  EXPECT_THAT(notice, HasSubstr("written by 2 rank(s) of batch 10 (20 samples per micro-batch); this run has 1 of "
+  EXPECT_THAT(notice, HasSubstr("written by 2 data-parallel replica(s) of batch 10 (20 samples per micro-batch); this "
+                                "run has 1 of "
                                 "batch 20 (20)"));
   EXPECT_THAT(notice, HasSubstr("every later step holds the samples it held in the original run"));
   EXPECT_EQ(at(1, 10, 1, notice), 14);  // half the global batch: twice the micro-batches

@@ -209,7 +209,8 @@ TEST(Checkpointer, LatestSkipsACorruptNewestCheckpointButANamedOneIsRefused) {
               ::testing::AllOf(HasSubstr(checkpoint_path(dir.path(), 2)), HasSubstr("fails its CRC-32 check")));
 }
 
-// Rank 0 found a checkpoint, rank 1 none (no shared directory): both refuse to train.
+// Rank 0 found a checkpoint, rank 1 none (no shared directory): both refuse to train, before
+// either reads one.
 TEST(Checkpointer, RanksThatWouldResumeAtDifferentStepsBothRefuse) {
   testing::TempDir dir;
   TrainingPosition at;
@@ -223,8 +224,9 @@ TEST(Checkpointer, RanksThatWouldResumeAtDifferentStepsBothRefuse) {
     auto strategy = adam_strategy(0);
     messages[rank] = testing::error_message([&] { c.restore(c.load_resume(2), *strategy); });
   });
-  EXPECT_THAT(messages[0], HasSubstr("rank 0 resumes at step 5 from '"));
-  EXPECT_THAT(messages[1], HasSubstr("rank 1 resumes at step 0 (no checkpoint) but other ranks resume between steps 0 and 5"));
+  EXPECT_THAT(messages[0], HasSubstr("rank 0 finds 1 checkpoint(s) in '" + dir.path() +
+                                     "' but other ranks find between 0 and 1: every rank must see the same"));
+  EXPECT_THAT(messages[1], HasSubstr("rank 1 finds 0 checkpoint(s) in '" + elsewhere.path() + "'"));
 }
 
 }  // namespace

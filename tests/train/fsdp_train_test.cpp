@@ -43,7 +43,8 @@ TEST(FsdpTrain, TwoRankCheckpointResumesInOneProcess) {
                                   " --save-model " + out);
   ASSERT_EQ(one.exit_code, 0) << one.output;
   EXPECT_THAT(one.output, HasSubstr("resumed from"));
-  EXPECT_THAT(one.output, HasSubstr("was written by 2 rank(s) of batch 20 (40 samples per micro-batch); this run "
+  EXPECT_THAT(one.output, HasSubstr("was written by 2 data-parallel replica(s) of batch 20 (40 samples per "
+                                    "micro-batch); this run "
                                     "has 1 of batch 40 (40). The global batch is the same"));
   expect_close_state(dir / "straight.pt", out, 1e-4);
 }
@@ -58,7 +59,7 @@ TEST(FsdpTrain, AnotherGlobalBatchResumesWithAWarning) {
   auto one = testing::run_command(kCli + kRun + " --batch-size 20 --epochs 1 --resume " + ckpt + "/step-00000003.pt");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   EXPECT_THAT(one.output, HasSubstr("lockstep: warning: checkpoint '" + ckpt + "/step-00000003.pt' was written by 2 "
-                                    "rank(s) of batch 20"));
+                                    "data-parallel replica(s) of batch 20"));
   EXPECT_THAT(one.output, HasSubstr("The data order differs from here on"));
   // 120 of 400 samples were consumed: 14 steps of 20 remain, ending at step 3 + 14.
   EXPECT_THAT(one.output, HasSubstr("\"steps\":17"));

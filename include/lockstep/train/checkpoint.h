@@ -103,10 +103,11 @@ void check_same_run(const Checkpoint& checkpoint, const c10::impl::GenericDict& 
 // learning-rate schedule and --scale-lr count them, and the run no longer reproduces the
 // original: the notice says so. Ranks the checkpoint holds no RNG state for keep the seed's.
 
-// Moves the checkpoint's position to this run's world size and batch size (`run`, as
-// run_settings() gives them) as Note [Resuming on another world size] says. Returns the notice
-// to print, "" when both are the checkpoint's.
-std::string adapt_position(Checkpoint& checkpoint, const c10::impl::GenericDict& run, const std::string& path);
+// Moves `position`, of a checkpoint `written` by one run's settings, to this run's data-parallel
+// replicas and batch size (`run`) as Note [Resuming on another world size] says; a pipeline's
+// stages together are one replica. Returns the notice to print, "" when both are the checkpoint's.
+std::string adapt_position(TrainingPosition& position, const c10::impl::GenericDict& written,
+                           const c10::impl::GenericDict& run, const std::string& path);
 
 // Checkpoint files in a directory are named step-<8 digits>.pt by the optimizer step they hold;
 // sharded checkpoints are directories step-<8 digits>.

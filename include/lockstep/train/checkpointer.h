@@ -82,10 +82,15 @@ class Checkpointer {
   // A sharded checkpoint this run resumes: this rank's own file when the strategy and the world
   // size are the ones that wrote it, else the full form from every rank's file.
   void read_sharded(Checkpoint& c);
-  // The newest checkpoint in `dir` that loads (throws when none does); sets `path` to it.
-  Checkpoint load_newest_readable(const std::string& dir, std::string& path);
+  // The newest of `all` (list_checkpoints' order) that loads on every rank (throws when none
+  // does); `path`: their directory, then the checkpoint's path.
+  Checkpoint load_newest_readable(const std::vector<std::string>& all, std::string& path);
   void refuse_existing_checkpoints();
   void remove_interrupted_saves();
+  // Every rank's answer to "did it fail?": the ranks that said yes (a collective).
+  std::vector<std::string> ranks_that_failed(bool failed) const;
+  // The lowest and highest `value` of all ranks (a collective; needs group_).
+  std::pair<int64_t, int64_t> range_over_ranks(int64_t value) const;
   template <typename... Args>
   void say(ReportKind kind, const Args&... args) const {
     report(options_.reporter(), kind, c10::str(args...));
