@@ -145,6 +145,14 @@ TEST_F(PredictCli, ReadsIdxAndRawImageFilesAsTheSplitItself) {
 // Files that are not what predict reads are refused naming them (issue 29): a label that is not one
 // of the model's classes (it made a 256-class confusion matrix), an IDX file of floats (its bytes
 // were read as pixels).
+// predict runs image models on image data; a text source is refused, not read as Fashion-MNIST.
+TEST_F(PredictCli, ATextDataSourceIsRefused) {
+  const auto r = testing::run_command(kCli + " predict --model mlp --weights " + weights() + " --data fortunes");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--data: fortunes not in {fashion-mnist,synthetic}"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("accuracy")));
+}
+
 TEST_F(PredictCli, LabelsOutsideTheModelsClassesAndFloatIdxImagesAreRefused) {
   const auto test = data::load_fashion_mnist(kData, data::Split::kTest).take(300);
   std::ofstream(dir_ / "images.raw", std::ios::binary)
