@@ -2,9 +2,9 @@
 
 #include <c10/util/Exception.h>
 #include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,24 +90,24 @@ std::optional<int> run_child(const std::vector<std::string>& argv, const std::ve
   std::vector<char*> envp;
   for (const std::string& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  ::posix_spawn_file_actions_init(&actions);
-  ::posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ::posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawnattr_t attr;
-  ::posix_spawnattr_init(&attr);
-  // Its own group (a timeout kills every rank), SIGPIPE back to its default (this process ignores it).
-  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF);
-  ::posix_spawnattr_setpgroup(&attr, 0);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGPIPE);
-  ::posix_spawnattr_setsigdefault(&attr, &defaults);
-  pid_t pid = -1;
-  const int spawned = ::posix_spawnp(&pid, args[0], &actions, &attr, args.data(), envp.data());
-  ::posix_spawn_file_actions_destroy(&actions);
-  ::posix_spawnattr_destroy(&attr);
-  TORCH_CHECK(spawned == 0, "cannot start '", argv[0], "': ", std::strerror(spawned));
+  const std::string exec_failed = "error: cannot execute '" + argv[0] + "' (not found, or not a program)\n";
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  TORCH_CHECK(pid >= 0, "cannot start '", argv[0], "': ", std::strerror(errno));
+  if (pid == 0) {  // only async-signal-safe calls from here to exec
+    ::setpgid(0, 0);  // its own group: a timeout kills every rank
+    // Should this process die, SIGKILL included, the row gets SIGTERM and stops its ranks as it does
+    // on Ctrl-C, rather than train on as an orphan.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(127);  // it died before the line above
+    ::signal(SIGPIPE, SIG_DFL);                // this process ignores it
+    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (log < 0 || ::dup2(log, STDOUT_FILENO) < 0 || ::dup2(log, STDERR_FILENO) < 0) ::_exit(127);
+    ::execvpe(args[0], args.data(), envp.data());
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before any kill(-pid)
   const ChildEnd end = supervise(pid, timeout_s, *signals);
   signals.reset();
   if (end.stopped_by != 0) {
@@ -137,7 +137,8 @@ std::string failure(const std::string& log_path, const std::optional<int>& code,
   std::ifstream in(log_path);
   std::string last, error;
   for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
+    // CLI11 ends a usage error with this line; the error is the one before it.
+    if (line.empty() || line.rfind("Run with --help", 0) == 0) continue;
     last = line;
     if (line.find("error") != std::string::npos) error = line;
   }
