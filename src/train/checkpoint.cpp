@@ -183,7 +183,9 @@ std::string adapt_position(TrainingPosition& position, const GenericDict& writte
          << " samples per micro-batch); this run has " << new_world << " of batch " << new_batch << " ("
          << new_world * new_batch << "). ";
   if (world * batch == new_world * new_batch) {
-    notice << "The global batch is the same, so every later step holds the samples it held in the original run";
+    notice << "The global batch is the same, so every later step holds the samples it held in the original run "
+              "(BatchNorm's running statistics, kept per replica without sync_batchnorm, follow this run's "
+              "per-replica batches: they will not equal the original run's)";
   } else {
     notice << "The data order differs from here on: steps hold a different number of samples, the learning-rate "
               "schedule counts these steps, and the run does not reproduce the original one";

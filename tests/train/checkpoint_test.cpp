@@ -171,6 +171,7 @@ TEST(Checkpoint, AnotherWorldSizeResumesAfterTheSamplesAlreadyConsumed) {
                                 "run has 1 of "
                                 "batch 20 (20)"));
   EXPECT_THAT(notice, HasSubstr("every later step holds the samples it held in the original run"));
+  EXPECT_THAT(notice, HasSubstr("BatchNorm's running statistics, kept per replica without sync_batchnorm"));
   EXPECT_EQ(at(1, 10, 1, notice), 14);  // half the global batch: twice the micro-batches
   EXPECT_THAT(notice, HasSubstr("The data order differs from here on"));
   EXPECT_THAT(notice, ::testing::Not(HasSubstr("second time")));
