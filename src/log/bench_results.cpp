@@ -52,7 +52,9 @@ nlohmann::ordered_json to_json(const BenchResults& b) {
   return {{"date", b.date}, {"cpu", b.cpu}, {"cores", b.cores}, {"command", b.command}, {"rows", std::move(rows)}};
 }
 
-BenchResults bench_results_from_json(const nlohmann::ordered_json& j, const std::string& source) {
+namespace {
+
+BenchResults results_from_json(const nlohmann::ordered_json& j, const std::string& source, std::string& where) {
   auto need = [&](const nlohmann::ordered_json& o, const char* key) -> const nlohmann::ordered_json& {
     TORCH_CHECK(o.is_object() && o.contains(key), source, " has no '", key,
                 "': expected the results.json `lockstep bench --out DIR` writes");
@@ -64,6 +66,7 @@ BenchResults bench_results_from_json(const nlohmann::ordered_json& j, const std:
   b.cores = need(j, "cores").get<int64_t>();
   b.command = need(j, "command").get<std::string>();
   for (const auto& o : need(j, "rows")) {
+    where = " in rows[" + std::to_string(b.rows.size()) + "]";
     BenchRow r;
     r.name = need(o, "name").get<std::string>();
     r.implementation = need(o, "implementation").get<std::string>();
@@ -85,6 +88,17 @@ BenchResults bench_results_from_json(const nlohmann::ordered_json& j, const std:
     b.rows.push_back(std::move(r));
   }
   return b;
+}
+
+}  // namespace
+
+BenchResults bench_results_from_json(const nlohmann::ordered_json& j, const std::string& source) {
+  std::string where;  // the row being read
+  try {
+    return results_from_json(j, source, where);
+  } catch (const nlohmann::json::exception& e) {  // a field of another type: name the file and the row
+    TORCH_CHECK(false, source, where, ": ", e.what(), "; expected the results.json `lockstep bench --out DIR` writes");
+  }
 }
 
 BenchResults read_bench_results(const std::string& dir) {

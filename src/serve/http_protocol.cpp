@@ -117,7 +117,8 @@ InferRequest parse_infer_request(const std::string& body, std::optional<size_t> 
   nlohmann::json j = nlohmann::json::parse(scanned.json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     try {  // the message and its byte offset from the body as sent
-      (void)nlohmann::json::parse(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(json_bytes));
+      [[maybe_unused]] const nlohmann::json as_sent =
+          nlohmann::json::parse(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(json_bytes));
     } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number beyond double's range
       bad_request(std::string("malformed JSON in the request body: ") + e.what());
     }

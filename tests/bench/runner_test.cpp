@@ -1,4 +1,5 @@
 #include "lockstep/bench/runner.h"
+#include "lockstep/log/bench_results.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -134,6 +135,19 @@ TEST(Bench, RunsEachRowAsAChildAndWritesTheTableCsvJsonAndCharts) {
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(values[i], b.rows[i].samples_per_s, 1e-6 * b.rows[i].samples_per_s);
   EXPECT_THAT(testing::read_text(out / "memory.svg"), HasSubstr("data-series=\"optimizer state\""));
   EXPECT_TRUE(std::filesystem::exists(out / "logs/ddp.log"));
+}
+
+// A results.json whose field has another type is named with the file and the row, not with
+// nlohmann's bare "type must be number, but is string".
+TEST(BenchResultsFile, AFieldOfAnotherTypeIsNamedWithTheFileAndTheRow) {
+  testing::TempDir dir;
+  std::ofstream(dir / "results.json")
+      << R"({"date":"d","cpu":"c","cores":2,"command":"x","rows":[)"
+      << R"({"name":"ddp","implementation":"lockstep","ok":true},)"
+      << R"({"name":"fsdp","implementation":"lockstep","ok":true,"world_size":"two"}]})";
+  EXPECT_THAT(testing::error_message([&] { log::read_bench_results(dir.path()); }),
+              ::testing::AllOf(HasSubstr("'" + (dir / "results.json") + "' in rows[1]: "),
+                               HasSubstr("type must be number, but is string")));
 }
 
 }  // namespace
