@@ -274,12 +274,14 @@ size_t RequestParser::feed_chunked(std::string_view data) {
       phase_ = Phase::kChunkSize;
       continue;
     }
+    // The line with its CRLF must fit in `bound`; judged the same whether the line is whole or its
+    // bytes so far (at `bound` bytes without CRLF it cannot fit).
     const size_t crlf = rest.find("\r\n");
     const size_t bound = phase_ == Phase::kChunkSize                    ? kMaxChunkLine
                          : trailer_bytes_ >= limits_.max_header_bytes ? 0
                                                                       : limits_.max_header_bytes - trailer_bytes_;
-    if (crlf == std::string_view::npos || crlf > bound) {
-      if (rest.size() <= bound) break;  // wait for the rest of the line
+    if (crlf == std::string_view::npos || crlf + 2 > bound) {
+      if (crlf == std::string_view::npos && rest.size() < bound) break;  // wait for the rest of the line
       return fail_now(phase_ == Phase::kChunkSize ? 400 : 431,
                   phase_ == Phase::kChunkSize ? "a chunk size line is over " + std::to_string(kMaxChunkLine) + " bytes"
                                               : "the chunked body's trailers are over the header size limit");
