@@ -19,6 +19,19 @@ namespace {
 
 constexpr int64_t kByteAlphabet = 256;
 
+// Words longer than kMaxTrainingWordBytes, cut into pieces of at most that many bytes that end on
+// a character boundary (see tokenizer_trainer.h).
+void count_pieces(std::string_view word, std::unordered_map<std::string, int64_t>& counts) {
+  while (word.size() > kMaxTrainingWordBytes) {
+    size_t cut = kMaxTrainingWordBytes;
+    while (cut > 0 && (static_cast<uint8_t>(word[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 sequence
+    if (cut == 0) cut = kMaxTrainingWordBytes;  // no boundary: not UTF-8, bytes are the symbols
+    ++counts[std::string(word.substr(0, cut))];
+    word.remove_prefix(cut);
+  }
+  ++counts[std::string(word)];
+}
+
 // Word -> count, sorted by word so that training does not depend on hash order.
 std::map<std::string, int64_t> count_words(const std::vector<std::string>& corpus, PreTokenizerKind kind,
                                            const BertNormalizer* normalizer) {
@@ -29,7 +42,7 @@ std::map<std::string, int64_t> count_words(const std::vector<std::string>& corpu
     if (normalizer) normalized = normalizer->normalize(entry);
     words.clear();
     pre_tokenize(kind, normalizer ? std::string_view(normalized) : std::string_view(entry), words);
-    for (const std::string_view w : words) ++counts[std::string(w)];
+    for (const std::string_view w : words) count_pieces(w, counts);
   }
   return {counts.begin(), counts.end()};
 }
