@@ -60,6 +60,9 @@ TEST(FuzzReplay, CheckpointLoaderCorpusAndCrashes) { replay("checkpoint", checkp
 TEST(FuzzReplay, TensorBoardRoundTripCorpusAndCrashes) { replay("tfevents_round_trip", tfevents_round_trip_input); }
 TEST(FuzzReplay, TensorBoardReaderCorpusAndCrashes) { replay("tfevents_reader", tfevents_reader_input); }
 TEST(FuzzReplay, ZipChecksumCorpusAndCrashes) { replay("zip_checksum", zip_checksum_input); }
+TEST(FuzzReplay, TokenizerJsonCorpusAndCrashes) { replay("tokenizer_json", tokenizer_json_input); }
+TEST(FuzzReplay, RunLogCorpusAndCrashes) { replay("run_log", run_log_input); }
+TEST(FuzzReplay, BenchMatrixCorpusAndCrashes) { replay("bench_matrix", bench_matrix_input); }
 
 // The oracle the targets share: an error is clean only when it names the file.
 TEST(FuzzReplay, AnErrorThatDoesNotNameTheFileIsAViolation) {
