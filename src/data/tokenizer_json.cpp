@@ -151,7 +151,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& sourc
   Json root;
   try {
     root = Json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number past double's range
     r.fail("", std::string("is not valid JSON: ") + e.what());
   }
   if (!root.is_object()) r.fail("", "is not a JSON object");

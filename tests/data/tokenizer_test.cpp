@@ -127,6 +127,7 @@ TEST(Tokenizer, BadInputGetsErrorsNamingTheProblem) {
   };
   const std::string path = dir / "bad.json";
   EXPECT_THAT(write("{\"model\": "), HasSubstr(path + " is not valid JSON"));
+  EXPECT_THAT(write("1E400"), HasSubstr(path + " is not valid JSON")) << "nlohmann's out_of_range, found by fuzzing";
   const std::string good = train(TokenizerModelKind::kBpe, 300).to_json();
   std::string unigram = good;
   unigram.replace(unigram.find("\"BPE\""), 5, "\"Unigram\"");

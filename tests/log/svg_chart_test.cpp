@@ -110,7 +110,7 @@ TEST(LineChart, AMillionPointsAreDrawnAsEachColumnsLowestAndHighest) {
   EXPECT_THAT(xs, ::testing::Contains("123457"));
   for (size_t i = 0; i + 1 < xs.size(); ++i) EXPECT_LT(std::stod(xs[i]), std::stod(xs[i + 1])) << "in step order";
   EXPECT_EQ(attribute(svg, "polyline", "points").size(), 2u) << "the NaN is still a gap";
-  EXPECT_THAT(svg, HasSubstr("1000000 points, drawn as each pixel column's lowest and highest"));
+  EXPECT_THAT(svg, HasSubstr("1000000 points, drawn as each pixel column&#39;s lowest and highest"));
   EXPECT_THAT(svg, HasSubstr("1 not finite: gaps"));
 }
 
