@@ -8,7 +8,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "lockstep/core/line_reader.h"
 
@@ -101,7 +100,7 @@ TextCorpusFormat detect_text_corpus_format(const std::string& path) {
   if (std::filesystem::is_directory(path, ec)) return TextCorpusFormat::kFortunes;
   // The first lines decide, so that a stream is not read to its end (and a '%' line comes with
   // the first fortune).
-  LineReader in(path, kFormatDetectionBytes);
+  LineReader in(path, kFormatDetectionBytes, "the corpus");
   size_t seen = 0;
   for (std::string line; seen < kFormatDetectionBytes && in.next(line);) {
     if (line == "%") return TextCorpusFormat::kFortunes;

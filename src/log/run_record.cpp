@@ -2,9 +2,7 @@
 
 #include <c10/util/Exception.h>
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <map>
 
 #include "lockstep/core/line_reader.h"

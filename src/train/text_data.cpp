@@ -179,8 +179,10 @@ class TextCorpus {
   // names the first one when the tokenizer they were trained with is at hand.
   void check_same_tokenizer(const data::Tokenizer& saved, const std::string& saved_path) const {
     if (saved.fingerprint() == tokenizer_->fingerprint()) return;
-    std::string difference = "its size is " + std::to_string(tokenizer_->size()) + " here but " +
-                             std::to_string(saved.size()) + " there";
+    std::string difference = saved.size() == tokenizer_->size()
+                                 ? "the same tokens, but other merges, added-token flags or settings"
+                                 : "its size is " + std::to_string(tokenizer_->size()) + " here but " +
+                                       std::to_string(saved.size()) + " there";
     for (int64_t id = 0; id < std::min(saved.size(), tokenizer_->size()); ++id) {
       const std::string here = token_or_hole(*tokenizer_, id), there = token_or_hole(saved, id);
       if (here == there) continue;
