@@ -135,7 +135,7 @@ namespace {
 
 // Note [Downsampled line charts]
 // A chart is at most a few hundred pixels wide, and a run logs a point per step: a million points
-// made a 650 MB page. A series with more than two points per pixel column keeps, in each column,
+// made a 589 MB page. A series with more than two points per pixel column keeps, in each column,
 // its lowest and its highest point (in step order) and its first non-finite one (the gap), as
 // TensorBoard-like viewers do: every spike stays visible, the line looks as it would with every
 // point, and the page has at most ~3 markers per column and series. The kept points carry their
@@ -229,7 +229,7 @@ std::string line_chart_svg(const LineChartOptions& o, const std::vector<LineSeri
 
   size_t logged = 0, drawn = 0, not_finite = 0;
   for (size_t k = 0; k < series.size(); ++k) {
-    const LineSeries s = downsample(series[k], x_lo, x_hi, static_cast<int>(right - left));
+    const LineSeries s = downsample(series[k], x_lo, x_hi, std::max(1, static_cast<int>(right - left)));
     logged += series[k].x.size();
     drawn += s.x.size();
     for (size_t i = 0; i < series[k].x.size(); ++i)
@@ -260,7 +260,8 @@ std::string line_chart_svg(const LineChartOptions& o, const std::vector<LineSeri
   }
   std::string note;
   if (drawn < logged)
-    note = std::to_string(logged) + " points, drawn as each pixel column's lowest and highest (" + std::to_string(drawn) + ")";
+    note = std::to_string(logged) + " points, drawn as each pixel column's lowest and highest (" +
+           std::to_string(drawn) + ")";
   if (not_finite > 0) note += (note.empty() ? "" : "; ") + std::to_string(not_finite) + " not finite: gaps";
   if (!note.empty()) svg += text(left, top - 5, "start", note, " class=\"chart-note\" font-size=\"10\" fill=\"#666666\"");
   return svg + "</svg>\n";
