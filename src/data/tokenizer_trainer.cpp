@@ -76,12 +76,13 @@ Tokenizer train_tokenizer(const std::vector<std::string>& corpus, const Tokenize
   const auto counts = count_words(corpus, bpe ? PreTokenizerKind::kByteLevel : PreTokenizerKind::kBert,
                                   bpe ? nullptr : &normalizer);
   if (bpe) {
-    std::vector<std::string> byte_symbol(kByteAlphabet);
-    for (int b = 0; b < kByteAlphabet; ++b) byte_symbol[b] = byte_level::to_symbols(std::string(1, static_cast<char>(b)));
-    input.alphabet = byte_symbol;
+    for (int b = 0; b < kByteAlphabet; ++b)
+      input.symbols.push_back(byte_level::to_symbols(std::string(1, static_cast<char>(b))));
+    input.alphabet = input.symbols;
     for (const auto& [word, count] : counts) {
-      std::vector<std::string> symbols;
-      for (const char c : word) symbols.push_back(byte_symbol[static_cast<uint8_t>(c)]);
+      std::vector<int32_t> symbols;
+      symbols.reserve(word.size());
+      for (const char c : word) symbols.push_back(static_cast<uint8_t>(c));  // byte b is symbol b
       input.words.emplace_back(std::move(symbols), count);
     }
   } else {
@@ -91,14 +92,18 @@ Tokenizer train_tokenizer(const std::vector<std::string>& corpus, const Tokenize
                       " among the special tokens (", c10::Join(" ", specials), ")");
     input.continuing_subword_prefix = wordpiece.continuing_subword_prefix;
     std::set<char32_t> alphabet;
+    std::unordered_map<std::string, int32_t> index;  // of each symbol in input.symbols
+    std::string s;
     for (const auto& [word, count] : counts) {
-      std::vector<std::string> symbols;
+      std::vector<int32_t> symbols;
       for (size_t pos = 0; pos < word.size();) {
         const char32_t c = unicode::next_code_point(word, pos);
         alphabet.insert(c);
-        std::string s = symbols.empty() ? "" : wordpiece.continuing_subword_prefix;
+        s = symbols.empty() ? "" : wordpiece.continuing_subword_prefix;
         unicode::append_utf8(s, c);
-        symbols.push_back(std::move(s));
+        const auto [it, fresh] = index.emplace(s, static_cast<int32_t>(input.symbols.size()));
+        if (fresh) input.symbols.push_back(s);
+        symbols.push_back(it->second);
       }
       input.words.emplace_back(std::move(symbols), count);
     }
