@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -26,8 +27,9 @@ class LineReader {
 
   // The next line without its '\n' (the last line may lack one); false at the end of the file.
   // A line longer than max_line_bytes is not read further: next() returns true with
-  // too_long() set and `line` holding its first max_line_bytes bytes. Throws c10::Error naming
-  // the file on a read error.
+  // too_long() set and `line` holding its first max_line_bytes bytes, and the reader is left
+  // inside that line (its callers refuse the file there). Throws c10::Error naming the file on a
+  // read error.
   bool next(std::string& line) {
     line.clear();
     too_long_ = false;
