@@ -4,7 +4,8 @@ JOBS ?= 2
 
 FUZZ_BUILD_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 600
-FUZZ_TARGETS ?= idx state_dict checkpoint tfevents_round_trip tfevents_reader zip_checksum http_request model_config
+FUZZ_TARGETS ?= idx state_dict checkpoint tfevents_round_trip tfevents_reader zip_checksum http_request model_config \
+                tokenizer_json run_log bench_matrix
 
 .PHONY: build configure demo test fuzz clean
 

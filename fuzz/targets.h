@@ -83,4 +83,14 @@ void http_request_input(const uint8_t* data, size_t size);
 // within the server's bounds, or refused with an error naming the file.
 void model_config_input(const uint8_t* data, size_t size);
 
+// data::Tokenizer::load on a tokenizer.json; what loads must encode, decode, and write a file
+// that reads back the same.
+void tokenizer_json_input(const uint8_t* data, size_t size);
+
+// log::read_run_log on a --log-jsonl file, then log::report_html on what it read (`lockstep report`).
+void run_log_input(const uint8_t* data, size_t size);
+
+// bench::read_matrix on a `lockstep bench --matrix` YAML file.
+void bench_matrix_input(const uint8_t* data, size_t size);
+
 }  // namespace lockstep::fuzz

@@ -89,6 +89,11 @@ std::vector<std::string> strings(const std::string& path, const YAML::Node& node
   return out;
 }
 
+std::string field_name(const std::string& path, const YAML::Node& key) {
+  TORCH_CHECK_VALUE(key.IsScalar(), where(path, key), ": a field's name must be a word, got '", YAML::Dump(key), "'");
+  return key.Scalar();
+}
+
 BenchConfig read_config(const std::string& path, const YAML::Node& node, int64_t cores) {
   TORCH_CHECK_VALUE(node.IsMap(), where(path, node), ": a configuration must be a mapping with at least 'key'");
   TORCH_CHECK_VALUE(node["key"], where(path, node), ": a configuration without 'key' (the name --only selects)");
@@ -103,7 +108,7 @@ BenchConfig read_config(const std::string& path, const YAML::Node& node, int64_t
   c.name = c.key;
   bool threads_set = false;
   for (const auto& field : node) {
-    const std::string name = field.first.as<std::string>();
+    const std::string name = field_name(path, field.first);
     const YAML::Node& v = field.second;
     if (name == "key") continue;
     if (name == "name") c.name = scalar<std::string>(path, v, name);
@@ -139,16 +144,20 @@ std::vector<BenchConfig> read_matrix(const std::string& path, int64_t cores) {
   const YAML::Node list = root.IsMap() ? root["configurations"] : root;
   TORCH_CHECK_VALUE(list && list.IsSequence() && list.size() > 0, "--matrix: ", path,
                     " must hold a non-empty list of configurations (at the top or under 'configurations:')");
-  if (root.IsMap())
-    for (const auto& field : root)
-      TORCH_CHECK_VALUE(field.first.as<std::string>() == "configurations", "--matrix: ", where(path, field.first),
-                        ": unknown field '", field.first.as<std::string>(), "'; the file holds 'configurations:'");
   std::vector<BenchConfig> matrix;
-  std::set<std::string> keys;
-  for (const YAML::Node& node : list) {
-    matrix.push_back(read_config(path, node, cores));
-    TORCH_CHECK_VALUE(keys.insert(matrix.back().key).second, "--matrix: ", where(path, node), ": key '",
-                      matrix.back().key, "' appears twice; keys name rows and must be unique");
+  try {
+    if (root.IsMap())
+      for (const auto& field : root)
+        TORCH_CHECK_VALUE(field_name(path, field.first) == "configurations", "--matrix: ", where(path, field.first),
+                          ": unknown field '", field.first.Scalar(), "'; the file holds 'configurations:'");
+    std::set<std::string> keys;
+    for (const YAML::Node& node : list) {
+      matrix.push_back(read_config(path, node, cores));
+      TORCH_CHECK_VALUE(keys.insert(matrix.back().key).second, "--matrix: ", where(path, node), ": key '",
+                        matrix.back().key, "' appears twice; keys name rows and must be unique");
+    }
+  } catch (const YAML::Exception& e) {  // what the checks above do not foresee still names the file
+    TORCH_CHECK_VALUE(false, "--matrix: ", path, ":", e.mark.line + 1, ": ", e.msg);
   }
   return matrix;
 }

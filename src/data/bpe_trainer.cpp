@@ -46,10 +46,17 @@ BpeTrainerResult train_bpe(const BpeTrainerInput& input) {
   std::vector<int64_t> counts;
   std::unordered_map<uint64_t, int64_t> pair_count;
   std::unordered_map<uint64_t, std::vector<int32_t>> pair_words;
+  // Symbols get ids in the order the words first use them, after the specials and the alphabet.
+  std::vector<int32_t> id_of_symbol(input.symbols.size(), -1);
   for (const auto& [symbols, count] : input.words) {
     std::vector<int32_t> w;
     w.reserve(symbols.size());
-    for (const auto& s : symbols) w.push_back(intern(s));
+    for (const int32_t s : symbols) {
+      TORCH_CHECK_VALUE(s >= 0 && static_cast<size_t>(s) < input.symbols.size(), "train_bpe: symbol index ", s,
+                        " is not one of the ", input.symbols.size(), " symbols");
+      if (id_of_symbol[s] < 0) id_of_symbol[s] = intern(input.symbols[s]);
+      w.push_back(id_of_symbol[s]);
+    }
     for (size_t i = 0; i + 1 < w.size(); ++i) {
       const uint64_t key = pair_key(w[i], w[i + 1]);
       pair_count[key] += count;

@@ -1,48 +1,59 @@
 #include "lockstep/data/text_corpus.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+
+#include "lockstep/core/line_reader.h"
 
 namespace lockstep::data {
 
 namespace {
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, "cannot read the corpus '", path, "': ", std::strerror(errno));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+std::string too_long(const LineReader& in, size_t max_entry_bytes) {
+  return c10::str("the corpus '", in.path(), "' line ", in.line_number(), " starts an entry longer than ", max_entry_bytes,
+                  " bytes, the most one entry may hold: entries are lines (or '%'-separated fortunes); is it a text ",
+                  "file? Split what belongs to several entries onto lines of their own");
 }
 
-void split_lines(const std::string& text, std::vector<std::string>& entries) {
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) entries.push_back(line);
-}
-
-void split_fortunes(const std::string& text, std::vector<std::string>& entries) {
-  std::istringstream in(text);
-  std::string entry;
+// Entries of one file, each passed to `take` until it returns false; false then.
+bool read_entries(const std::string& path, TextCorpusFormat format, size_t max_entry_bytes,
+                  const std::function<bool(std::string&)>& take) {
+  LineReader in(path, max_entry_bytes, "the corpus");
+  std::string line, entry;
+  if (format == TextCorpusFormat::kLines) {
+    while (in.next(line)) {
+      TORCH_CHECK_VALUE(!in.too_long(), too_long(in, max_entry_bytes));
+      if (!take(line)) return false;
+    }
+    return true;
+  }
   const auto finish = [&] {
     if (!entry.empty() && entry.back() == '\n') entry.pop_back();
-    if (!entry.empty()) entries.push_back(entry);
+    const bool more = entry.empty() || take(entry);
     entry.clear();
+    return more;
   };
-  for (std::string line; std::getline(in, line);) {
+  int64_t first_line = 1;  // of the entry being read
+  while (in.next(line)) {
     if (line == "%") {
-      finish();
-    } else {
-      entry += line;
-      entry += '\n';
+      if (!finish()) return false;
+      first_line = in.line_number() + 1;
+      continue;
     }
+    if (in.too_long() || entry.size() + line.size() + 1 > max_entry_bytes)
+      TORCH_CHECK_VALUE(false, "the corpus '", path, "' has an entry (lines ", first_line, " to ", in.line_number(),
+                        " and on) longer than ", max_entry_bytes, " bytes, the most one entry may hold: is every ",
+                        "fortune ended by a '%' line?");
+    entry += line;
+    entry += '\n';
   }
-  finish();
+  return finish();
 }
 
 // The files a corpus path names: itself, or a directory's fortune files in name order.
@@ -87,38 +98,46 @@ std::vector<std::string> read_token_file(const std::string& path) {
 TextCorpusFormat detect_text_corpus_format(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return TextCorpusFormat::kFortunes;
-  std::istringstream in(read_all(path));
-  for (std::string line; std::getline(in, line);)
+  // The first lines decide, so that a stream is not read to its end (and a '%' line comes with
+  // the first fortune).
+  LineReader in(path, kFormatDetectionBytes, "the corpus");
+  size_t seen = 0;
+  for (std::string line; seen < kFormatDetectionBytes && in.next(line);) {
     if (line == "%") return TextCorpusFormat::kFortunes;
+    seen += line.size() + 1;
+  }
   return TextCorpusFormat::kLines;
 }
 
-LabelledCorpus read_labelled_corpus(const std::string& path) {
+LabelledCorpus read_labelled_corpus(const std::string& path, const std::function<bool(const LabelledCorpus&)>& enough,
+                                    size_t max_entry_bytes) {
   const TextCorpusFormat format = detect_text_corpus_format(path);
+  const std::vector<std::string> files = corpus_files(path, format);
   LabelledCorpus c;
-  for (const auto& f : corpus_files(path, format)) {
-    std::vector<std::string> entries = read_text_corpus(f, format);
-    if (entries.empty()) continue;
-    c.labels.insert(c.labels.end(), entries.size(), static_cast<int64_t>(c.categories.size()));
-    c.categories.push_back(std::filesystem::path(f).filename().string());
-    for (auto& e : entries) c.entries.push_back(std::move(e));
+  size_t f = 0;
+  for (bool more = true; more && f < files.size(); ++f) {
+    const std::string name = std::filesystem::path(files[f]).filename().string();
+    more = read_entries(files[f], format, max_entry_bytes, [&](std::string& entry) {
+      if (c.categories.empty() || c.categories.back() != name) c.categories.push_back(name);
+      c.entries.push_back(std::move(entry));
+      c.labels.push_back(static_cast<int64_t>(c.categories.size()) - 1);
+      return !enough || !enough(c);
+    });
   }
+  // Files not read are categories too: reading stopped before them, not because they are empty.
+  for (; f < files.size(); ++f) c.categories.push_back(std::filesystem::path(files[f]).filename().string());
   TORCH_CHECK_VALUE(!c.entries.empty(), "the corpus '", path, "' holds no entries: it is empty; give a text file ",
                     "with one entry per line (or entries separated by '%' lines)");
   return c;
 }
 
-std::vector<std::string> read_text_corpus(const std::string& path, TextCorpusFormat format) {
-  const std::vector<std::string> files = corpus_files(path, format);
+std::vector<std::string> read_text_corpus(const std::string& path, TextCorpusFormat format, size_t max_entry_bytes) {
   std::vector<std::string> entries;
-  for (const auto& f : files) {
-    const std::string text = read_all(f);
-    if (format == TextCorpusFormat::kLines) {
-      split_lines(text, entries);
-    } else {
-      split_fortunes(text, entries);
-    }
-  }
+  for (const auto& f : corpus_files(path, format))
+    read_entries(f, format, max_entry_bytes, [&](std::string& entry) {
+      entries.push_back(std::move(entry));
+      return true;
+    });
   return entries;
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 
 #include "lockstep/core/atomic_file.h"
@@ -127,6 +128,14 @@ std::string Tokenizer::to_json() const {
   }
 }
 
+std::string Tokenizer::fingerprint() const {
+  uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a's offset basis and prime
+  for (const char c : to_json()) hash = (hash ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
+  return std::to_string(size()) + " tokens, fnv1a64 " + hex;
+}
+
 void Tokenizer::save(const std::string& path) const {
   const std::string text = to_json() + "\n";
   write_file_atomic(path, std::vector<char>(text.begin(), text.end()));
@@ -142,7 +151,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& sourc
   Json root;
   try {
     root = Json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number past double's range
     r.fail("", std::string("is not valid JSON: ") + e.what());
   }
   if (!root.is_object()) r.fail("", "is not a JSON object");
@@ -220,6 +229,13 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& sourc
       if (r.boolean(a, field, flag, false)) r.fail(field + "." + flag, "is true; lockstep matches added tokens exactly (set it to false)");
     const Json& id = r.member(a, field, "id");
     if (!id.is_number_integer() || id.get<int64_t>() < 0) r.fail(field + ".id", "is not a non-negative integer: " + id.dump());
+    // Ids are dense: the model's, then the added tokens'. An id past what the file can name would
+    // make len(tokenizer), and every embedding resized to it, that large.
+    const auto id_bound = tokenizer->model_size() + static_cast<int64_t>(added.size());
+    if (id.get<int64_t>() >= id_bound)
+      r.fail(field + ".id", "is " + id.dump() + ", past the ids this file can define (the model's " +
+                                std::to_string(tokenizer->model_size()) + " and " + std::to_string(added.size()) +
+                                " added token(s)): give it an id below " + std::to_string(id_bound));
     AddedToken t{r.string(a, field, "content"), id.get<int64_t>(), r.boolean(a, field, "special", false), true};
     t.normalized = r.boolean(a, field, "normalized", !t.special);
     if (t.content.empty() || tokenizer->added_.find_content(t.content) || tokenizer->added_.find_id(t.id))

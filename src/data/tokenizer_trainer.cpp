@@ -19,6 +19,19 @@ namespace {
 
 constexpr int64_t kByteAlphabet = 256;
 
+// Words longer than kMaxTrainingWordBytes, cut into pieces of at most that many bytes that end on
+// a character boundary (see tokenizer_trainer.h).
+void count_pieces(std::string_view word, std::unordered_map<std::string, int64_t>& counts) {
+  while (word.size() > kMaxTrainingWordBytes) {
+    size_t cut = kMaxTrainingWordBytes;
+    while (cut > 0 && (static_cast<uint8_t>(word[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 sequence
+    if (cut == 0) cut = kMaxTrainingWordBytes;  // no boundary: not UTF-8, bytes are the symbols
+    ++counts[std::string(word.substr(0, cut))];
+    word.remove_prefix(cut);
+  }
+  ++counts[std::string(word)];
+}
+
 // Word -> count, sorted by word so that training does not depend on hash order.
 std::map<std::string, int64_t> count_words(const std::vector<std::string>& corpus, PreTokenizerKind kind,
                                            const BertNormalizer* normalizer) {
@@ -29,7 +42,7 @@ std::map<std::string, int64_t> count_words(const std::vector<std::string>& corpu
     if (normalizer) normalized = normalizer->normalize(entry);
     words.clear();
     pre_tokenize(kind, normalizer ? std::string_view(normalized) : std::string_view(entry), words);
-    for (const std::string_view w : words) ++counts[std::string(w)];
+    for (const std::string_view w : words) count_pieces(w, counts);
   }
   return {counts.begin(), counts.end()};
 }
@@ -63,12 +76,13 @@ Tokenizer train_tokenizer(const std::vector<std::string>& corpus, const Tokenize
   const auto counts = count_words(corpus, bpe ? PreTokenizerKind::kByteLevel : PreTokenizerKind::kBert,
                                   bpe ? nullptr : &normalizer);
   if (bpe) {
-    std::vector<std::string> byte_symbol(kByteAlphabet);
-    for (int b = 0; b < kByteAlphabet; ++b) byte_symbol[b] = byte_level::to_symbols(std::string(1, static_cast<char>(b)));
-    input.alphabet = byte_symbol;
+    for (int b = 0; b < kByteAlphabet; ++b)
+      input.symbols.push_back(byte_level::to_symbols(std::string(1, static_cast<char>(b))));
+    input.alphabet = input.symbols;
     for (const auto& [word, count] : counts) {
-      std::vector<std::string> symbols;
-      for (const char c : word) symbols.push_back(byte_symbol[static_cast<uint8_t>(c)]);
+      std::vector<int32_t> symbols;
+      symbols.reserve(word.size());
+      for (const char c : word) symbols.push_back(static_cast<uint8_t>(c));  // byte b is symbol b
       input.words.emplace_back(std::move(symbols), count);
     }
   } else {
@@ -78,14 +92,18 @@ Tokenizer train_tokenizer(const std::vector<std::string>& corpus, const Tokenize
                       " among the special tokens (", c10::Join(" ", specials), ")");
     input.continuing_subword_prefix = wordpiece.continuing_subword_prefix;
     std::set<char32_t> alphabet;
+    std::unordered_map<std::string, int32_t> index;  // of each symbol in input.symbols
+    std::string s;
     for (const auto& [word, count] : counts) {
-      std::vector<std::string> symbols;
+      std::vector<int32_t> symbols;
       for (size_t pos = 0; pos < word.size();) {
         const char32_t c = unicode::next_code_point(word, pos);
         alphabet.insert(c);
-        std::string s = symbols.empty() ? "" : wordpiece.continuing_subword_prefix;
+        s = symbols.empty() ? "" : wordpiece.continuing_subword_prefix;
         unicode::append_utf8(s, c);
-        symbols.push_back(std::move(s));
+        const auto [it, fresh] = index.emplace(s, static_cast<int32_t>(input.symbols.size()));
+        if (fresh) input.symbols.push_back(s);
+        symbols.push_back(it->second);
       }
       input.words.emplace_back(std::move(symbols), count);
     }

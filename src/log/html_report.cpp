@@ -34,6 +34,14 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
+// A summary's number; `missing` when absent or of another type (a log edited or cut by hand).
+double summary_number(const nlohmann::ordered_json& j, const char* key, double missing = 0.0) {
+  if (!j.is_object()) return missing;
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : missing;
+}
+std::string whole(double v) { return std::isfinite(v) ? fmt("%.0f", v) : "?"; }
+
 std::string json_text(const nlohmann::ordered_json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
 // A setting as text; "?" when a log of another version lacks it.
@@ -83,21 +91,22 @@ std::string curves(const RunRecord& run) {
 }
 
 std::string profile(const nlohmann::ordered_json& summary) {
-  if (!summary.is_object() || !summary.contains("profile"))
+  const auto* p = summary.is_object() && summary.contains("profile") ? &summary["profile"] : nullptr;
+  if (!p || !p->is_object() || !p->contains("phases") || !(*p)["phases"].is_array())
     return "<p class=\"note\">Not profiled: run with <code>--profile</code> to see where each step's time goes.</p>\n";
-  const auto& p = summary["profile"];
   std::vector<std::string> names;
   BarSeries ms{"ms per step", {}};
   std::string table = "<table id=\"profile-table\"><tr><th>phase</th><th>ms / step</th><th>share</th></tr>\n";
-  for (const auto& phase : p["phases"]) {
-    names.push_back(phase["name"].get<std::string>());
-    ms.values.push_back(std::max(0.0, phase["mean_ms"].get<double>()));
+  for (const auto& phase : (*p)["phases"]) {
+    names.push_back(phase.is_object() && phase.contains("name") ? json_text(phase["name"]) : "?");
+    const double mean_ms = summary_number(phase, "mean_ms", 0.0);
+    ms.values.push_back(std::isfinite(mean_ms) ? std::max(0.0, mean_ms) : 0.0);
     table += "<tr><td>" + xml_escape(names.back()) + "</td><td class=\"num\">" + fmt("%.3f", ms.values.back()) +
-             "</td><td class=\"num\">" + fmt("%.1f%%", 100 * phase["share"].get<double>()) + "</td></tr>\n";
+             "</td><td class=\"num\">" + fmt("%.1f%%", 100 * summary_number(phase, "share", NAN)) + "</td></tr>\n";
   }
-  table += "<tr><th>step</th><th class=\"num\">" + fmt("%.3f", p["step_mean_ms"].get<double>()) +
+  table += "<tr><th>step</th><th class=\"num\">" + fmt("%.3f", summary_number(*p, "step_mean_ms", NAN)) +
            "</th><th class=\"num\">100%</th></tr>\n</table>\n";
-  const std::string title = "Mean time per step by phase (" + std::to_string(p["steps"].get<int64_t>()) + " steps)";
+  const std::string title = "Mean time per step by phase (" + whole(summary_number(*p, "steps", NAN)) + " steps)";
   return "<div class=\"grid\">\n" +
          bar_chart_svg(BarChartOptions().title(title).value_label("milliseconds per step"), names, {ms}) + table +
          "</div>\n";
@@ -106,13 +115,16 @@ std::string profile(const nlohmann::ordered_json& summary) {
 std::string memory(const nlohmann::ordered_json& s) {
   if (!s.is_object() || !s.contains("param_bytes"))
     return "<p class=\"note\">No summary line: the run did not finish.</p>\n";
-  const double p = s["param_bytes"].get<double>() / kMiB, g = s["grad_bytes"].get<double>() / kMiB,
-               o = s["optim_bytes"].get<double>() / kMiB, rss = s.value("peak_rss_mib", 0.0);
-  const double other = std::max(0.0, rss - p - g - o);
+  // Bars need finite sizes >= 0: anything else (a hand-edited log) is drawn as 0 and shown in the table.
+  const auto size = [](double v) { return std::isfinite(v) ? std::max(0.0, v) : 0.0; };
+  const double p = summary_number(s, "param_bytes") / kMiB, g = summary_number(s, "grad_bytes") / kMiB,
+               o = summary_number(s, "optim_bytes") / kMiB, rss = summary_number(s, "peak_rss_mib");
+  const double other = size(rss - size(p) - size(g) - size(o));
   const std::string chart = bar_chart_svg(
       BarChartOptions().title("Memory of rank 0").value_label("MiB (the bar's length is the peak resident set size)"),
       {"rank 0"},
-      {{"parameters", {p}}, {"gradients", {g}}, {"optimizer state", {o}}, {"other (peak RSS)", {other}}});
+      {{"parameters", {size(p)}}, {"gradients", {size(g)}}, {"optimizer state", {size(o)}},
+       {"other (peak RSS)", {other}}});
   std::string table = "<table id=\"memory-table\"><tr><th>part</th><th>MiB</th></tr>\n";
   for (const auto& [name, v] : std::vector<std::pair<std::string, double>>{
            {"parameters", p}, {"gradients", g}, {"optimizer state (and fp32 masters at O2)", o},
@@ -160,9 +172,9 @@ std::string report_html(const RunRecord& run, const std::string& title, const st
             field(s, "world_size") + " rank(s) x " + field(s, "threads") + " thread(s), " +
             field(s, "precision") + " " + field(s, "opt_level") + ", " + field(s, "optimizer") + ". ";
   if (sum.is_object())
-    lead += std::to_string(sum.value("steps", int64_t{0})) + " steps in " + fmt("%.1f s", sum.value("train_s", 0.0)) +
-            " (" + fmt("%.0f", sum.value("samples_per_s", 0.0)) + " samples/s), test accuracy " +
-            fmt("%.4f", sum.value("test_acc", 0.0)) + ", " + std::to_string(sum.value("skipped_steps", int64_t{0})) +
+    lead += whole(summary_number(sum, "steps")) + " steps in " + fmt("%.1f s", summary_number(sum, "train_s")) + " (" +
+            fmt("%.0f", summary_number(sum, "samples_per_s")) + " samples/s), test accuracy " +
+            fmt("%.4f", summary_number(sum, "test_acc")) + ", " + whole(summary_number(sum, "skipped_steps")) +
             " skipped step(s).";
   else
     lead += "The run has not finished (no summary line yet): the curves show what it logged so far.";

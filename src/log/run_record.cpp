@@ -2,11 +2,10 @@
 
 #include <c10/util/Exception.h>
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fstream>
 #include <map>
+
+#include "lockstep/core/line_reader.h"
 
 namespace lockstep::log {
 namespace {
@@ -17,30 +16,38 @@ double number(const nlohmann::ordered_json& j, const char* key, double missing =
   return it->is_number() ? it->get<double>() : NAN;  // null: a NaN the writer could not express
 }
 
+// 0 when absent, not a number, or a number no int64 holds.
 int64_t integer(const nlohmann::ordered_json& j, const char* key) {
   const auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<int64_t>() : 0;
+  if (it == j.end() || !it->is_number()) return 0;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  const double v = it->get<double>();
+  return std::isfinite(v) && std::abs(v) < 9.2e18 ? static_cast<int64_t>(v) : 0;
+}
+
+std::string string_field(const nlohmann::ordered_json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
 }  // namespace
 
 RunRecord read_run_log(const std::string& path) {
-  std::ifstream in(path);
-  TORCH_CHECK(in, "cannot read the run log '", path, "': ", std::strerror(errno),
-              "; pass the file `lockstep train --log-jsonl FILE` wrote");
+  LineReader in(path, kMaxRunLogLineBytes, "the run log", "; pass the file `lockstep train --log-jsonl FILE` wrote");
   RunRecord r;
   std::map<int64_t, StepRecord> steps;
   std::map<int64_t, EpochRecord> epochs;
   std::map<int64_t, SkipRecord> skips;
   int64_t runs = 0;
-  int64_t line_number = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++line_number;
+  for (std::string line; in.next(line);) {
+    const int64_t line_number = in.line_number();
+    TORCH_CHECK(!in.too_long(), "the run log '", path, "' line ", line_number, " is longer than ", kMaxRunLogLineBytes,
+                " bytes: a --log-jsonl line holds one event of a few hundred bytes; is it a run log?");
     if (line.empty()) continue;
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
     TORCH_CHECK(j.is_object(), "the run log '", path, "' line ", line_number,
                 " is not a JSON object: a --log-jsonl file holds one per line");
-    const std::string event = j.value("event", "");
+    const std::string event = string_field(j, "event");
     if (event == "step") {
       StepRecord s;
       s.step = integer(j, "step");
@@ -60,7 +67,7 @@ RunRecord read_run_log(const std::string& path) {
       e.train_s = number(j, "train_s");
       epochs[e.epoch] = e;
     } else if (event == "skipped_step") {
-      skips[integer(j, "step")] = {integer(j, "step"), j.value("reason", "")};
+      skips[integer(j, "step")] = {integer(j, "step"), string_field(j, "reason")};
     } else if (event == "run") {
       ++runs;
       r.settings = j.value("settings", nlohmann::ordered_json());

@@ -72,27 +72,32 @@ std::vector<double> nice_ticks(double lo, double hi, int target, double min_step
   TORCH_CHECK_VALUE(std::isfinite(lo) && std::isfinite(hi) && lo <= hi && target >= 1, "nice_ticks: bad range [", lo,
                     ", ", hi, "] or target ", target);
   if (hi - lo < std::max(std::abs(hi), 1.0) * 1e-12) {  // one value: a range around it
-    if (lo == 0) {
-      hi = 1.0;  // counts and rates at 0 stay non-negative
+    if (std::abs(lo) < 1e-300) {  // 0, or too small for a tenth of it to widen the range (5e-324)
+      hi = lo >= 0 ? 1.0 : 0.0;   // counts and rates at 0 stay non-negative
+      lo = lo >= 0 ? 0.0 : -1.0;
     } else {
       const double pad = std::abs(lo) * 0.1;
       lo -= pad;
       hi += pad;
     }
   }
-  const double raw = (hi - lo) / target;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  double step = magnitude;
-  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+  // In long double: hi - lo of values near DBL_MAX (a loss of 1e308 beside -1e308) overflows double.
+  const long double raw = (static_cast<long double>(hi) - lo) / target;
+  const long double magnitude = std::pow(10.0L, std::floor(std::log10(raw)));
+  long double step = magnitude;
+  for (long double m : {1.0L, 2.0L, 5.0L, 10.0L}) {
     step = m * magnitude;
     if (step >= raw) break;
   }
-  step = std::max(step, min_step);
+  step = std::max<long double>(step, min_step);
   std::vector<double> ticks;
-  // Multiples of step, by index: adding step up would accumulate rounding.
-  const int64_t first = static_cast<int64_t>(std::floor(lo / step + 1e-9));
-  const int64_t last = static_cast<int64_t>(std::ceil(hi / step - 1e-9));
-  for (int64_t k = first; k <= last; ++k) ticks.push_back(static_cast<double>(k) * step);
+  // Multiples of step, by index: adding step up would accumulate rounding. The outer ticks stay
+  // within double's range (the data's own bound when the next multiple is past it).
+  const auto first = static_cast<int64_t>(std::floor(lo / step + 1e-9L));
+  const auto last = static_cast<int64_t>(std::ceil(hi / step - 1e-9L));
+  constexpr long double kMax = std::numeric_limits<double>::max();
+  for (int64_t k = first; k <= last; ++k)
+    ticks.push_back(static_cast<double>(std::clamp(static_cast<long double>(k) * step, -kMax, kMax)));
   return ticks;
 }
 
@@ -126,6 +131,50 @@ std::string xml_escape(const std::string& s) {
   return out;
 }
 
+namespace {
+
+// Note [Downsampled line charts]
+// A chart is at most a few hundred pixels wide, and a run logs a point per step: a million points
+// made a 589 MB page. A series with more than two points per pixel column keeps, in each column,
+// its lowest and its highest point (in step order) and its first non-finite one (the gap), as
+// TensorBoard-like viewers do: every spike stays visible, the line looks as it would with every
+// point, and the page has at most ~3 markers per column and series. The kept points carry their
+// logged values unrounded (Note [Charts that carry their values]); the chart says how many it
+// drew. Non-finite values are gaps in the line, counted in the same note.
+LineSeries downsample(const LineSeries& s, double x_lo, double x_hi, int columns) {
+  LineSeries out{s.name, {}, {}};
+  const auto keep = [&](size_t i) { out.x.push_back(s.x[i]), out.y.push_back(s.y[i]); };
+  if (s.x.size() <= 2 * static_cast<size_t>(columns)) {
+    out.x = s.x, out.y = s.y;
+    return out;
+  }
+  const long double span = static_cast<long double>(x_hi) - x_lo;
+  const auto column = [&](double x) {
+    if (!std::isfinite(x)) return int64_t{-1};
+    return std::clamp(static_cast<int64_t>((x - x_lo) / span * columns), int64_t{0}, int64_t{columns - 1});
+  };
+  for (size_t begin = 0; begin < s.x.size();) {
+    const int64_t c = column(s.x[begin]);
+    size_t end = begin, low = SIZE_MAX, high = SIZE_MAX, gap = SIZE_MAX;
+    for (; end < s.x.size() && column(s.x[end]) == c; ++end) {
+      if (c < 0 || !std::isfinite(s.y[end])) {
+        gap = std::min(gap, end);
+      } else {
+        if (low == SIZE_MAX || s.y[end] < s.y[low]) low = end;
+        if (high == SIZE_MAX || s.y[end] > s.y[high]) high = end;
+      }
+    }
+    size_t kept[] = {low, high, gap};
+    std::sort(std::begin(kept), std::end(kept));
+    for (size_t k = 0; k < 3; ++k)
+      if (kept[k] != SIZE_MAX && (k == 0 || kept[k] != kept[k - 1])) keep(kept[k]);
+    begin = end;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string line_chart_svg(const LineChartOptions& o, const std::vector<LineSeries>& series) {
   double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo, y_lo = x_lo, y_hi = -x_lo;
   for (const LineSeries& s : series) {
@@ -150,8 +199,15 @@ std::string line_chart_svg(const LineChartOptions& o, const std::vector<LineSeri
   double left = 16;
   for (double t : yt) left = std::max(left, short_number(t).size() * kCharWidth + 30);
   const double right = o.width() - 18.0, top = series.size() > 1 ? 46.0 : 34.0, bottom = o.height() - 42.0;
-  auto sx = [&](double x) { return left + (x - x_lo) / (x_hi - x_lo) * (right - left); };
-  auto sy = [&](double y) { return bottom - (y - y_lo) / (y_hi - y_lo) * (bottom - top); };
+  // In long double, so that any finite values map to finite pixels (see nice_ticks).
+  auto sx = [&](double x) {
+    return static_cast<double>(left + (static_cast<long double>(x) - x_lo) / (static_cast<long double>(x_hi) - x_lo) *
+                                          (right - left));
+  };
+  auto sy = [&](double y) {
+    return static_cast<double>(bottom - (static_cast<long double>(y) - y_lo) /
+                                            (static_cast<long double>(y_hi) - y_lo) * (bottom - top));
+  };
 
   for (double t : yt) {
     svg += line(left, sy(t), right, sy(t), "#e4e4e4");
@@ -171,8 +227,13 @@ std::string line_chart_svg(const LineChartOptions& o, const std::vector<LineSeri
     svg += legend(names, right, 34);
   }
 
+  size_t logged = 0, drawn = 0, not_finite = 0;
   for (size_t k = 0; k < series.size(); ++k) {
-    const LineSeries& s = series[k];
+    const LineSeries s = downsample(series[k], x_lo, x_hi, std::max(1, static_cast<int>(right - left)));
+    logged += series[k].x.size();
+    drawn += s.x.size();
+    for (size_t i = 0; i < series[k].x.size(); ++i)
+      not_finite += !std::isfinite(series[k].x[i]) || !std::isfinite(series[k].y[i]);
     std::string points;
     auto flush = [&] {
       if (!points.empty())
@@ -188,7 +249,7 @@ std::string line_chart_svg(const LineChartOptions& o, const std::vector<LineSeri
       points += (points.empty() ? "" : " ") + px(sx(s.x[i])) + "," + px(sy(s.y[i]));
     }
     flush();
-    const std::string r = s.x.size() <= 60 ? "3" : "1.6";
+    const std::string r = series[k].x.size() <= 60 ? "3" : "1.6";
     for (size_t i = 0; i < s.x.size(); ++i) {
       if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
       svg += "<circle class=\"point\" cx=\"" + px(sx(s.x[i])) + "\" cy=\"" + px(sy(s.y[i])) + "\" r=\"" + r +
@@ -197,6 +258,12 @@ std::string line_chart_svg(const LineChartOptions& o, const std::vector<LineSeri
              " at " + xml_escape(o.x_label()) + " " + short_number(s.x[i]) + "</title></circle>\n";
     }
   }
+  std::string note;
+  if (drawn < logged)
+    note = std::to_string(logged) + " points, drawn as each pixel column's lowest and highest (" +
+           std::to_string(drawn) + ")";
+  if (not_finite > 0) note += (note.empty() ? "" : "; ") + std::to_string(not_finite) + " not finite: gaps";
+  if (!note.empty()) svg += text(left, top - 5, "start", note, " class=\"chart-note\" font-size=\"10\" fill=\"#666666\"");
   return svg + "</svg>\n";
 }
 

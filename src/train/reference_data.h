@@ -4,6 +4,9 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "lockstep/dist/process_group.h"
 #include "lockstep/models/classifier.h"
@@ -21,6 +24,9 @@ struct ReferenceData {
   parallel::LossFunction loss;
   Metric metric = Metric::kAccuracy;
   int64_t eval_batch_size = 200;
+  // What a checkpoint must share with the run beyond its options (text: the tokenizer's
+  // fingerprint, Note [Tokenizer fingerprint]); added to TrainOptions::run_settings().
+  std::vector<std::pair<std::string, std::string>> run_settings;
 };
 
 // Fashion-MNIST or synthetic images (see load_data) and their classifier.

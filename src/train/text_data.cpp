@@ -23,6 +23,9 @@ constexpr int64_t kIgnoreIndex = -100;  // cross_entropy's default ignore_index
 constexpr int64_t kEvalBatch = 32;      // sequences per evaluation batch
 constexpr const char* kTokenizerFile = "tokenizer.json";
 
+bool held_out(size_t entry) { return static_cast<int64_t>(entry) % kHeldOutEvery == kHeldOutEvery - 1; }
+bool has_text(const std::string& entry) { return entry.find_first_not_of(" \t\n\r") != std::string::npos; }
+
 // The id of the first of `names` the tokenizer has; else `names[0]`, added as a special token.
 int64_t ensure_special(data::Tokenizer& tokenizer, const std::vector<std::string>& names) {
   for (const auto& n : names)
@@ -48,14 +51,21 @@ std::string resumed_tokenizer(const TrainOptions& o) {
 class TextCorpus {
  public:
   explicit TextCorpus(const TrainOptions& o) : o_(o) {
-    data::LabelledCorpus corpus = data::read_labelled_corpus(o.text_path());
+    // With --limit, reading stops at the limit's last training entry, or at the first held-out
+    // one when none came before it (see Note [Text training]).
+    int64_t train_seen = 0, test_seen = 0;
+    const auto enough = [&](const data::LabelledCorpus& c) {
+      const size_t i = c.entries.size() - 1;
+      if (has_text(c.entries[i])) ++(held_out(i) ? test_seen : train_seen);
+      return o.limit() > 0 && train_seen >= o.limit() && test_seen > 0;
+    };
+    data::LabelledCorpus corpus = data::read_labelled_corpus(o.text_path(), enough);
     std::vector<std::string> train_text, test_text;
     for (size_t i = 0; i < corpus.entries.size(); ++i) {
-      if (corpus.entries[i].find_first_not_of(" \t\n\r") == std::string::npos) continue;
-      const bool held_out = static_cast<int64_t>(i) % kHeldOutEvery == kHeldOutEvery - 1;
-      if (!held_out && o.limit() > 0 && static_cast<int64_t>(train_text.size()) >= o.limit()) continue;
-      (held_out ? test_text : train_text).push_back(std::move(corpus.entries[i]));
-      (held_out ? test_labels_ : train_labels_).push_back(corpus.labels[i]);
+      if (!has_text(corpus.entries[i])) continue;
+      if (!held_out(i) && o.limit() > 0 && static_cast<int64_t>(train_text.size()) >= o.limit()) continue;
+      (held_out(i) ? test_text : train_text).push_back(std::move(corpus.entries[i]));
+      (held_out(i) ? test_labels_ : train_labels_).push_back(corpus.labels[i]);
     }
     TORCH_CHECK_VALUE(!train_text.empty() && !test_text.empty(), "the corpus '", o.text_path(), "' has ",
                       train_text.size() + test_text.size(), " non-empty entries; every ", kHeldOutEvery,
@@ -74,7 +84,14 @@ class TextCorpus {
         models::GptMiniOptions(base_vocab_).context(o_.max_length()).layers(o_.n_layer()).heads(o_.n_head())
             .d_model(o_.n_embd()).pad_id(pad_id_)
             .num_classes(o_.task() == TextTask::kClassify ? num_classes_ : 0));
-    if (initial_weights && !o_.init_weights().empty()) models::load_state_dict_file(*model, o_.init_weights());
+    if (initial_weights && !o_.init_weights().empty()) {
+      try {
+        models::load_state_dict_file(*model, o_.init_weights());
+      } catch (const c10::Error& e) {
+        TORCH_CHECK_VALUE(false, e.what_without_backtrace(), " (the model's ", base_vocab_, " embedding rows are the ids of ",
+                          tokenizer_source_, " before --add-tokens: give --init-weights a model trained with it)");
+      }
+    }
     if (tokenizer_->size() != base_vocab_) resize_token_embeddings(*model, tokenizer_->size(), init_);
     return model;
   }
@@ -131,6 +148,7 @@ class TextCorpus {
     tokenizer_->save((std::filesystem::path(dir) / kTokenizerFile).string());
   }
   int64_t vocab_size() const { return tokenizer_->size(); }
+  std::string tokenizer_fingerprint() const { return tokenizer_->fingerprint(); }
   double unigram_baseline() const { return unigram_; }
 
  private:
@@ -138,9 +156,12 @@ class TextCorpus {
     const std::string resumed = resumed_tokenizer(o_);
     if (!o_.tokenizer().empty()) {
       tokenizer_ = std::make_unique<data::Tokenizer>(data::Tokenizer::load(o_.tokenizer()));
+      tokenizer_source_ = "--tokenizer '" + o_.tokenizer() + "'";
     } else if (!resumed.empty()) {
       tokenizer_ = std::make_unique<data::Tokenizer>(data::Tokenizer::load(resumed));
+      tokenizer_source_ = "'" + resumed + "'";
     } else {
+      tokenizer_source_ = "the tokenizer trained on the training split of '" + o_.text_path() + "'";
       tokenizer_ = std::make_unique<data::Tokenizer>(data::train_tokenizer(
           train_text, data::TokenizerTrainerOptions().vocab_size(o_.vocab_size())
                           .special_tokens(std::vector<std::string>{"<|endoftext|>", "<pad>"}),
@@ -151,6 +172,34 @@ class TextCorpus {
     base_vocab_ = tokenizer_->size();
     if (!o_.add_tokens().empty()) tokenizer_->add_tokens(data::read_token_file(o_.add_tokens()));
     init_ = models::parse_embedding_init(o_.init_new_embeddings(), *tokenizer_);
+    if (!resumed.empty()) check_same_tokenizer(data::Tokenizer::load(resumed), resumed);
+  }
+
+  // See Note [Tokenizer fingerprint]: the checkpoints' own record catches any difference; this
+  // names the first one when the tokenizer they were trained with is at hand.
+  void check_same_tokenizer(const data::Tokenizer& saved, const std::string& saved_path) const {
+    if (saved.fingerprint() == tokenizer_->fingerprint()) return;
+    std::string difference = saved.size() == tokenizer_->size()
+                                 ? "the same tokens, but other merges, added-token flags or settings"
+                                 : "its size is " + std::to_string(tokenizer_->size()) + " here but " +
+                                       std::to_string(saved.size()) + " there";
+    for (int64_t id = 0; id < std::min(saved.size(), tokenizer_->size()); ++id) {
+      const std::string here = token_or_hole(*tokenizer_, id), there = token_or_hole(saved, id);
+      if (here == there) continue;
+      difference = "id " + std::to_string(id) + " is '" + here + "' here but '" + there + "' there";
+      break;
+    }
+    TORCH_CHECK_VALUE(false, "cannot resume: this run's tokenizer (", tokenizer_source_, ", with its special and added ",
+                      "tokens) differs from '", saved_path, "', the one the checkpoints were trained with: ", difference,
+                      ". Resume with the tokenizer the checkpoints were trained with (leave out --tokenizer to use '",
+                      saved_path, "'), or start afresh from the model's weights with --init-weights");
+  }
+  static std::string token_or_hole(const data::Tokenizer& t, int64_t id) {
+    try {
+      return t.id_to_token(id);
+    } catch (const c10::ValueError&) {
+      return "(no token)";
+    }
   }
 
   // lm: <eos> ids <eos>; classify: ids <eos>. lengths_: what the model reads, before truncation.
@@ -176,6 +225,7 @@ class TextCorpus {
 
   const TrainOptions& o_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
+  std::string tokenizer_source_;  // where it came from, for errors
   models::EmbeddingInit init_;
   int64_t base_vocab_ = 0, eos_id_ = -1, pad_id_ = -1, num_classes_ = 0;
   std::vector<std::vector<int64_t>> train_, test_;
@@ -244,6 +294,7 @@ ReferenceData make_text_data(const TrainOptions& o) {
   d.loss = [corpus](const torch::Tensor& output, const torch::Tensor& target) { return corpus->loss(output, target); };
   d.metric = corpus->lm() ? Metric::kPerplexity : Metric::kAccuracy;
   d.eval_batch_size = kEvalBatch;
+  d.run_settings.emplace_back("tokenizer", corpus->tokenizer_fingerprint());
   return d;
 }
 

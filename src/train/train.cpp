@@ -55,10 +55,12 @@ TrainResult train(const TrainOptions& o) {
   strategy_options.model_factory([make = data.make_model, g = group.get()] {
     return torch::nn::AnyModule(make(g, /*initial_weights=*/false));
   });
+  c10::impl::GenericDict run = o.run_settings(world.world_size);
+  for (const auto& [key, value] : data.run_settings) run.insert(key, value);
   TrainerOptions options = o.trainer();
   options.strategy(o.resolved_strategy(world.world_size))
       .strategy_options(std::move(strategy_options))
-      .run_settings(o.run_settings(world.world_size))
+      .run_settings(run)
       .lr_schedule(LrScheduleOptions(o.lr_schedule()).base_lr(o.optimizer_options().lr()))
       .settings(run_settings_event(o, world.world_size, threads))
       .loss(data.loss)

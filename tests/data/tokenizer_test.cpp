@@ -127,6 +127,7 @@ TEST(Tokenizer, BadInputGetsErrorsNamingTheProblem) {
   };
   const std::string path = dir / "bad.json";
   EXPECT_THAT(write("{\"model\": "), HasSubstr(path + " is not valid JSON"));
+  EXPECT_THAT(write("1E400"), HasSubstr(path + " is not valid JSON")) << "nlohmann's out_of_range, found by fuzzing";
   const std::string good = train(TokenizerModelKind::kBpe, 300).to_json();
   std::string unigram = good;
   unigram.replace(unigram.find("\"BPE\""), 5, "\"Unigram\"");
@@ -138,6 +139,12 @@ TEST(Tokenizer, BadInputGetsErrorsNamingTheProblem) {
   bad_merge.replace(bad_merge.find("\"merges\": [") + 11, 0, "\"Ġ nosuchtoken\",");
   EXPECT_THAT(write(bad_merge), HasSubstr("uses a token that is not in the vocabulary: 'nosuchtoken'"));
   EXPECT_THAT(error_message([] { Tokenizer::load("/nonexistent/tokenizer.json"); }), HasSubstr("/nonexistent/tokenizer.json"));
+  // An added token's id past the ones the file defines: len(tokenizer) and every embedding resized
+  // to it would be that large (std::bad_alloc, naming nothing, for 10^12).
+  std::string far_id = good;
+  far_id.replace(far_id.find("\"id\": 0"), 7, "\"id\": 1000000000000");
+  EXPECT_THAT(write(far_id), HasSubstr(path + ": added_tokens[0].id is 1000000000000, past the ids this file can "
+                                       "define (the model's 300 and 1 added token(s)): give it an id below 301"));
   const Tokenizer t = train(TokenizerModelKind::kBpe, 300);
   EXPECT_THAT(error_message([&] { t.decode({5, 300}); }), HasSubstr("token id 300 is not in the vocabulary (ids 0 to 299)"));
 }

@@ -62,6 +62,9 @@ TEST(FuzzReplay, TensorBoardReaderCorpusAndCrashes) { replay("tfevents_reader", 
 TEST(FuzzReplay, ZipChecksumCorpusAndCrashes) { replay("zip_checksum", zip_checksum_input); }
 TEST(FuzzReplay, HttpRequestParserCorpusAndCrashes) { replay("http_request", http_request_input); }
 TEST(FuzzReplay, ModelConfigCorpusAndCrashes) { replay("model_config", model_config_input); }
+TEST(FuzzReplay, TokenizerJsonCorpusAndCrashes) { replay("tokenizer_json", tokenizer_json_input); }
+TEST(FuzzReplay, RunLogCorpusAndCrashes) { replay("run_log", run_log_input); }
+TEST(FuzzReplay, BenchMatrixCorpusAndCrashes) { replay("bench_matrix", bench_matrix_input); }
 
 // The oracle the targets share: an error is clean only when it names the file.
 TEST(FuzzReplay, AnErrorThatDoesNotNameTheFileIsAViolation) {

@@ -170,5 +170,34 @@ TEST(RunRecord, ALaterLineForTheSameStepWinsAndBadLinesAreNamed) {
   EXPECT_THAT(testing::error_message([&] { read_run_log(dir / "none.jsonl"); }), HasSubstr("cannot read the run log"));
 }
 
+// A log edited or cut by hand, or written by another program: fields of another type read as
+// missing instead of escaping as nlohmann's type errors (which named no file), a step beyond int64
+// reads as 0, and a line longer than the limit (a file without newlines) is refused after reading
+// only that much, naming the file and the line.
+TEST(RunRecord, FieldsOfAnotherTypeReadAsMissingAndAnEndlessLineIsRefused) {
+  testing::TempDir dir;
+  {
+    std::ofstream(dir / "odd.jsonl") << R"({"event":5})" "\n"
+                                        R"({"event":"step","step":1e300,"epoch":"one","loss":1.5})" "\n"
+                                        R"({"event":"step","step":3,"loss":"high"})" "\n"
+                                        R"({"event":"skipped_step","step":3,"reason":7})" "\n"
+                                        R"({"event":"summary","steps":"many","param_bytes":-1,"grad_bytes":null,)"
+                                        R"("profile":{"phases":[{"name":3,"mean_ms":"x"},7],"steps":1e300}})" "\n";
+    std::ofstream long_line(dir / "long.jsonl");
+    long_line << R"({"event":"step","step":1,"loss":1})" "\n" << std::string(kMaxRunLogLineBytes + 10, ' ') << "\n";
+  }
+  const RunRecord r = read_run_log(dir / "odd.jsonl");
+  ASSERT_EQ(r.steps.size(), 2u);
+  EXPECT_EQ(r.steps[0].step, 0);
+  EXPECT_EQ(r.steps[0].loss, 1.5);
+  EXPECT_TRUE(std::isnan(r.steps[1].loss));
+  ASSERT_EQ(r.skips.size(), 1u);
+  EXPECT_EQ(r.skips[0].reason, "");
+  const std::string html = report_html(r, "odd", std::nullopt);
+  EXPECT_THAT(html, HasSubstr("profile-table"));
+  EXPECT_THAT(testing::error_message([&] { read_run_log(dir / "long.jsonl"); }),
+              HasSubstr("long.jsonl' line 2 is longer than 1048576 bytes"));
+}
+
 }  // namespace
 }  // namespace lockstep::log

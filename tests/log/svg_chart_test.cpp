@@ -3,7 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <regex>
 
 #include "../test_util.h"
@@ -86,6 +88,67 @@ TEST(LineChart, MapsValuesMonotonicallyIntoThePlot) {
     EXPECT_LT(std::stod(cy[i]), 200);
   }
   EXPECT_THAT(line_chart_svg(LineChartOptions().empty_message("nothing here"), {}), HasSubstr("nothing here"));
+}
+
+// Note [Downsampled line charts]: a million points are drawn as each pixel column's lowest and
+// highest, so the chart stays small and a one-step spike (and a one-step dip) still shows with its
+// logged value; before, every point was a marker and the chart was ~250 MB.
+TEST(LineChart, AMillionPointsAreDrawnAsEachColumnsLowestAndHighest) {
+  constexpr int kPoints = 1000000;
+  LineSeries loss{"loss", std::vector<double>(kPoints), std::vector<double>(kPoints)};
+  for (int i = 0; i < kPoints; ++i) loss.x[i] = i + 1, loss.y[i] = 2.0 + 0.001 * (i % 7);
+  loss.y[123456] = 97.25;  // a spike
+  loss.y[765432] = -3.5;   // a dip
+  loss.y[500000] = NAN;    // a gap
+  const std::string svg = line_chart_svg(LineChartOptions().width(560).height(300), {loss});
+  EXPECT_LT(svg.size(), 400000u) << "one marker per point would be ~250 MB";
+  const auto ys = attribute(svg, "circle", "data-y"), xs = attribute(svg, "circle", "data-x");
+  EXPECT_LE(ys.size(), 2u * 560) << "at most the lowest and highest of each column";
+  EXPECT_GE(ys.size(), 2u * 400);
+  EXPECT_THAT(ys, ::testing::Contains("97.25"));
+  EXPECT_THAT(ys, ::testing::Contains("-3.5"));
+  EXPECT_THAT(xs, ::testing::Contains("123457"));
+  for (size_t i = 0; i + 1 < xs.size(); ++i) EXPECT_LT(std::stod(xs[i]), std::stod(xs[i + 1])) << "in step order";
+  EXPECT_EQ(attribute(svg, "polyline", "points").size(), 2u) << "the NaN is still a gap";
+  EXPECT_THAT(svg, HasSubstr("1000000 points, drawn as each pixel column&#39;s lowest and highest"));
+  EXPECT_THAT(svg, HasSubstr("1 not finite: gaps"));
+}
+
+// Any finite values get finite pixel coordinates and ticks, however far apart (the range of
+// -1e308 to 1e308 overflows a double: the coordinates were -nan). Infinities and NaN are gaps,
+// counted under the title.
+TEST(LineChart, ExtremeFiniteValuesGetFiniteCoordinates) {
+  const double max = std::numeric_limits<double>::max();
+  for (const auto& y : std::vector<std::vector<double>>{{1e308, -1e308, 1.0, 5e-324},
+                                                         {max, -max, INFINITY, NAN},
+                                                         {max, max * 0.999999, -INFINITY, 0.0}}) {
+    const std::string svg = line_chart_svg(LineChartOptions(), {{"loss", {1, 2, 3, 4}, y}});
+    std::vector<std::string> coordinates = attribute(svg, "circle", "cx");
+    for (const auto& a : {"cy", "y1", "y2", "x1", "x2"}) {
+      const auto more = attribute(svg, a[0] == 'c' ? "circle" : "line", a);
+      coordinates.insert(coordinates.end(), more.begin(), more.end());
+    }
+    for (const auto& p : attribute(svg, "polyline", "points")) coordinates.push_back(p);
+    for (const auto& c : coordinates) EXPECT_THAT(c, ::testing::Not(::testing::ContainsRegex("nan|inf"))) << y[0];
+    EXPECT_EQ(attribute(svg, "circle", "cy").size(), static_cast<size_t>(std::count_if(y.begin(), y.end(), [](double v) {
+                return std::isfinite(v);
+              })));
+  }
+  EXPECT_THAT(line_chart_svg(LineChartOptions(), {{"loss", {1, 2, 3}, {1.0, INFINITY, NAN}}}),
+              HasSubstr("2 not finite: gaps"));
+  // A single subnormal value: a tenth of it is 0, so it got a range of 0 and a tick step of 0,
+  // and dividing by it gave a tick index of inf (fuzz/crashes/run_log/).
+  for (const double tiny : {5e-324, -5e-324}) {
+    const auto around = nice_ticks(tiny, tiny, 5);
+    ASSERT_GE(around.size(), 2u);
+    EXPECT_LE(around.front(), tiny);
+    EXPECT_GE(around.back(), tiny);
+  }
+  const auto ticks = nice_ticks(-1e308, 1e308, 5);
+  ASSERT_GE(ticks.size(), 3u);
+  for (double t : ticks) EXPECT_TRUE(std::isfinite(t)) << t;
+  EXPECT_LE(ticks.front(), -1e308);
+  EXPECT_GE(ticks.back(), 1e308);
 }
 
 TEST(BarChart, StacksSeriesAndLabelsTotals) {

@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 
 #include "../test_util.h"
+#include "lockstep/data/text_corpus.h"
 #include "lockstep/data/tokenizer.h"
 #include "lockstep/train/text_data.h"
 #include "lockstep/train/train.h"
@@ -118,6 +120,68 @@ TEST(TextTrain, AddedTokensGrowTheModelAndItsCheckpointContinues) {
   ASSERT_EQ(a.front().first, "wte.weight");
   EXPECT_EQ(a.front().second.size(0), first.size() + 2);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+}
+
+// --limit bounds what a run reads: the corpus is read up to the limit's last training entry, so a
+// refused line after it is never reached; and a file without newlines is refused at the entry
+// limit, naming it. Before, `--data text:/dev/zero --limit 200` read 19 GB in 60 s and went on.
+TEST(TextTrain, LimitBoundsWhatIsReadAndAnEndlessEntryIsRefused) {
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THAT(testing::error_message([&] { train(text_run("/dev/zero").limit(200)); }),
+              HasSubstr("the corpus '/dev/zero' line 1 starts an entry longer than 16777216 bytes"));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+  testing::TempDir dir;
+  testing::write_grammar_corpus(dir / "corpus.txt", 100);
+  std::ofstream(dir / "corpus.txt", std::ios::app) << std::string(data::kMaxTextEntryBytes + 1, 'x') << "\n";
+  const TrainResult r = train(text_run(dir / "corpus.txt").limit(60));
+  EXPECT_TRUE(std::isfinite(r.final_loss));
+  EXPECT_THAT(testing::error_message([&] { train(text_run(dir / "corpus.txt")); }),
+              HasSubstr("corpus.txt' line 101 starts an entry longer than"));
+}
+
+// Note [Tokenizer fingerprint]: a checkpoint records its tokenizer's fingerprint. A resume with a
+// tokenizer that has two ids swapped is refused, naming both files and the first id that differs;
+// one whose tokenizer.json beside the checkpoints was itself edited is refused by the fingerprint.
+// Before, both resumed silently (and trained every swapped id's embedding on the other's text).
+TEST(TextTrain, ResumingWithAnotherTokenizerIsRefusedNamingBothFiles) {
+  testing::TempDir dir;
+  testing::write_grammar_corpus(dir / "corpus.txt", 100);
+  const auto run = text_run(dir / "corpus.txt");
+  train(quiet(run, [&](TrainerOptions& t) { t.checkpoint().dir(dir / "ckpt"); }));
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(testing::read_text(dir / "ckpt/tokenizer.json"));
+  std::string a, b;
+  for (const auto& [token, id] : j["model"]["vocab"].items()) {
+    if (id == 100) a = token;
+    if (id == 101) b = token;
+  }
+  j["model"]["vocab"][a] = 101;
+  j["model"]["vocab"][b] = 100;
+  std::ofstream(dir / "swapped.json") << j.dump(2);
+  const auto resume = [&](TrainOptions o) {
+    return testing::error_message([&] {
+      train(quiet(o, [&](TrainerOptions& t) { t.epochs(2).checkpoint().dir(dir / "ckpt").resume("latest"); }));
+    });
+  };
+  const std::string with_flag = resume(TrainOptions(run).tokenizer(dir / "swapped.json"));
+  EXPECT_THAT(with_flag, HasSubstr("this run's tokenizer (--tokenizer '" + dir / "swapped.json" + "'"));
+  EXPECT_THAT(with_flag, HasSubstr("differs from '" + dir / "ckpt/tokenizer.json" + "'"));
+  EXPECT_THAT(with_flag, HasSubstr("id 100 is '" + b + "' here but '" + a + "' there"));
+  std::filesystem::copy_file(dir / "swapped.json", dir / "ckpt/tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_THAT(resume(run), ::testing::ContainsRegex("it was written by a different run: tokenizer=[0-9]+ tokens, fnv1a64 "
+                                                    "[0-9a-f]{16} in the checkpoint but [0-9]+ tokens, fnv1a64"));
+}
+
+// Weights of a model trained with another tokenizer: the error names the tensor and now the
+// tokenizer whose size the model took.
+TEST(TextTrain, InitWeightsOfAnotherVocabularyNameTheTokenizer) {
+  testing::TempDir dir;
+  testing::write_grammar_corpus(dir / "corpus.txt", 60);
+  train(quiet(text_run(dir / "corpus.txt"), [&](TrainerOptions& t) { t.save_model(dir / "small.pt"); }));
+  const std::string e = testing::error_message(
+      [&] { train(text_run(dir / "corpus.txt").vocab_size(270).init_weights(dir / "small.pt")); });
+  EXPECT_THAT(e, HasSubstr("wte.weight"));
+  EXPECT_THAT(e, HasSubstr("embedding rows are the ids of the tokenizer trained on the training split"));
 }
 
 TEST(TextTrain, BadInputIsNamedWithTheFix) {

@@ -12,9 +12,11 @@
 namespace lockstep::data {
 
 struct BpeTrainerInput {
-  // Each distinct word as its initial symbols (e.g. byte-level characters, or "h" "##e" "##y"
-  // for WordPiece), with how often it occurs.
-  std::vector<std::pair<std::vector<std::string>, int64_t>> words;
+  // The words' initial symbols (e.g. byte-level characters, or "h" "##e" "##y" for WordPiece).
+  std::vector<std::string> symbols;
+  // Each distinct word as indices into `symbols` (4 bytes a symbol, where a string per symbol
+  // took 32: a word of millions of bytes), with how often it occurs.
+  std::vector<std::pair<std::vector<int32_t>, int64_t>> words;
   std::vector<std::string> special_tokens;  // ids 0.., in this order
   std::vector<std::string> alphabet;        // the next ids, whether or not the corpus uses them
   // Prefix marking a continuation symbol ("##" for WordPiece, "" for BPE): merging "a" with "##b"

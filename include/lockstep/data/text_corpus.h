@@ -2,6 +2,7 @@
 // Reads a text corpus into entries (one entry is one sequence to tokenize).
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,8 +18,17 @@ enum class TextCorpusFormat {
 };
 const std::vector<std::string>& text_corpus_format_names();  // lines, fortunes
 
-// Throws c10::Error naming the path when it cannot be read.
-std::vector<std::string> read_text_corpus(const std::string& path, TextCorpusFormat format);
+// The most bytes one entry may hold (16 MiB). Reading holds at most this much of an entry, so a
+// file without newlines (/dev/zero, a binary file) is refused after reading this much, quickly
+// and in bounded memory, and naming the file, the line and the limit.
+constexpr size_t kMaxTextEntryBytes = size_t{1} << 24;
+// How much of a file detect_text_corpus_format looks at for a '%' line.
+constexpr size_t kFormatDetectionBytes = size_t{1} << 20;
+
+// Throws c10::Error naming the path when it cannot be read, c10::ValueError naming it, the line
+// and the limit for an entry longer than `max_entry_bytes`.
+std::vector<std::string> read_text_corpus(const std::string& path, TextCorpusFormat format,
+                                          size_t max_entry_bytes = kMaxTextEntryBytes);
 
 // Tokens to add to a tokenizer, one per line of `path` (--add-tokens, --add-special-tokens). A line
 // ending in "\r\n" (a file written on Windows) gives its token without the '\r'; empty lines are
@@ -26,7 +36,8 @@ std::vector<std::string> read_text_corpus(const std::string& path, TextCorpusFor
 // token of blanks is never what such a line meant), and naming the file when it cannot be read.
 std::vector<std::string> read_token_file(const std::string& path);
 
-// A directory is fortunes; a file is fortunes when one of its lines is '%', lines otherwise.
+// A directory is fortunes; a file is fortunes when one of its lines in its first
+// kFormatDetectionBytes is '%', lines otherwise.
 TextCorpusFormat detect_text_corpus_format(const std::string& path);
 
 // Entries with a category each: the name of the file they came from (a directory of fortune
@@ -36,8 +47,10 @@ struct LabelledCorpus {
   std::vector<int64_t> labels;          // per entry, an index into categories
   std::vector<std::string> categories;  // file names, in the order read
 };
-// read_text_corpus in the detected format, file by file. Throws c10::Error naming the path when it
-// holds no entry.
-LabelledCorpus read_labelled_corpus(const std::string& path);
+// read_text_corpus in the detected format, file by file, until `enough` (called after each entry)
+// says so: then the rest is not read, and the files not read are still categories. Throws
+// c10::Error naming the path when it holds no entry.
+LabelledCorpus read_labelled_corpus(const std::string& path, const std::function<bool(const LabelledCorpus&)>& enough = {},
+                                    size_t max_entry_bytes = kMaxTextEntryBytes);
 
 }  // namespace lockstep::data

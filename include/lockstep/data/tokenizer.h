@@ -43,6 +43,11 @@ class Tokenizer {
   static Tokenizer from_json(const std::string& text, const std::string& source = "tokenizer.json");
   std::string to_json() const;  // Hugging Face's layout, vocabulary in id order
   void save(const std::string& path) const;  // atomic: the old file survives a failed write
+  // Note [Tokenizer fingerprint]: "<size> tokens, fnv1a64 <16 hex digits>", the 64-bit FNV-1a hash
+  // of to_json(): equal for tokenizers that encode and decode alike (however their files were
+  // laid out), different when any token, id, merge, added token or setting differs. A text run's
+  // checkpoints record it, so a resume with another tokenizer (two ids swapped) is refused.
+  std::string fingerprint() const;
 
   std::vector<int64_t> encode(std::string_view text) const;
   // Encodes many texts, sharing a cache of encoded words: the fast path for a corpus.

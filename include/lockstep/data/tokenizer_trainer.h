@@ -26,6 +26,15 @@ struct TokenizerTrainerOptions {
   TORCH_ARG(int64_t, min_frequency) = 0;  // pairs seen fewer times are never merged
 };
 
+// Note [Long words in training]
+// Learning merges costs, per merge, the length of every distinct word holding its pair, so one
+// word of 50 MB (a run of one character, base64, a line of a binary file) took minutes and
+// gigabytes. Training counts such a word as consecutive pieces of at most this many bytes (cut
+// on character boundaries), which cost what ordinary words cost; it only forgoes merges across
+// the cuts, so no token is longer than this. Encoding has no such limit (Note [BPE merges in n log
+// n]): a trained tokenizer encodes a long word as Hugging Face's does.
+constexpr size_t kMaxTrainingWordBytes = 1000;
+
 // `corpus`: one entry per element; `corpus_name` names it in errors (e.g. the file it came from).
 Tokenizer train_tokenizer(const std::vector<std::string>& corpus, const TokenizerTrainerOptions& options,
                           const std::string& corpus_name = "the corpus");

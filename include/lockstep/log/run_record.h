@@ -46,7 +46,12 @@ struct RunRecord {
   std::vector<SkipRecord> skips;
 };
 
-// Reads `path`. Throws c10::Error naming the file and line for a line that is not a JSON object,
+// The longest line read_run_log reads (1 MiB); the longest a run writes is its summary, a few kB.
+constexpr size_t kMaxRunLogLineBytes = size_t{1} << 20;
+
+// Reads `path` line by line (memory: the records, never more than one line of the file). Fields
+// of the wrong type read as missing. Throws c10::Error naming the file and line for a line that
+// is longer than kMaxRunLogLineBytes or not a JSON object,
 // and naming the file when it holds no step, epoch or summary line (not a --log-jsonl file).
 // Lines of unknown events are ignored, so logs of later versions still read.
 RunRecord read_run_log(const std::string& path);

@@ -5,12 +5,16 @@
 // The corpus is read in entries (lines, or '%'-separated fortunes; empty entries are skipped),
 // each with its category (the file it came from). Every 20th entry (indices 19, 39, ...) is held
 // out for evaluation, so the held-out split spans every category; --limit takes the first N of
-// the rest. The tokenizer is --tokenizer's, else the one saved beside the checkpoints a run
-// resumes from, else a byte-level BPE of --vocab-size trained on the training split at start
-// (every rank trains the same one, deterministically); it gets an end-of-text token
-// (<|endoftext|>, or BERT's [SEP]) and a padding token (<pad>, or [PAD]) when it lacks them, then
-// --add-tokens' tokens, and the model's embeddings grow to its size (Note [New embedding rows]).
-// A checkpoint directory holds the tokenizer as tokenizer.json.
+// the rest, and reading stops there (at the first held-out entry when none came before): the
+// held-out split is then the held-out entries read up to that point, so --limit bounds what a
+// run reads of a file of any size or a stream. An entry longer than data::kMaxTextEntryBytes
+// (16 MiB) is refused naming the file and the line. The tokenizer is --tokenizer's, else the one
+// saved beside the checkpoints a run resumes from, else a byte-level BPE of --vocab-size trained
+// on the training split at start (every rank trains the same one, deterministically); it gets an
+// end-of-text token (<|endoftext|>, or BERT's [SEP]) and a padding token (<pad>, or [PAD]) when it
+// lacks them, then --add-tokens' tokens, and the model's embeddings grow to its size (Note [New
+// embedding rows]). A checkpoint directory holds the tokenizer as tokenizer.json, and each
+// checkpoint its fingerprint (Note [Tokenizer fingerprint]).
 // - lm: a sequence is <|endoftext|> entry <|endoftext|>; the model reads its first T tokens and
 //   predicts the next T (T <= --max-length, longer entries truncated); padding has target -100,
 //   which the loss ignores, and a micro-batch counts its target tokens. Evaluation: the mean
