@@ -117,6 +117,20 @@ inline void write_convnet_weights(const std::string& path, uint64_t seed = 5) {
   models::save_state_dict(*model, path);
 }
 
+// A fixture whose suite shares one seeded convnet's weights (write_convnet_weights), written once.
+class ConvnetWeightsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = std::make_unique<TempDir>();
+    write_convnet_weights(weights());
+  }
+  static void TearDownTestSuite() { dir_.reset(); }
+  static std::string weights() { return *dir_ / "convnet.pt"; }
+
+ private:
+  static inline std::unique_ptr<TempDir> dir_;
+};
+
 // DIR/<name>/config.pbtxt with `config`, and DIR/<name>/1/model.pt copied from `weights` (if given).
 inline void write_repository_model(const std::string& dir, const std::string& name, const std::string& config,
                                    const std::string& weights) {

@@ -19,24 +19,16 @@ namespace {
 using ::testing::HasSubstr;
 using testing::curl;
 
-class ServeFaultsTest : public ::testing::Test {
+class ServeFaultsTest : public testing::ConvnetWeightsTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::TempDir();
-    testing::write_convnet_weights(weights());
-  }
-  static void TearDownTestSuite() { delete dir_; }
-  static std::string weights() { return *dir_ / "convnet.pt"; }
   std::string write(const std::string& name, const std::string& content) {
     const std::string path = scratch_ / name;
     std::ofstream(path, std::ios::binary) << content;
     return path;
   }
   std::string good_body() { return write("good.json", testing::json_infer_body(torch::zeros({1, 1, 28, 28}))); }
-  static testing::TempDir* dir_;
   testing::TempDir scratch_;
 };
-testing::TempDir* ServeFaultsTest::dir_ = nullptr;
 
 TEST_F(ServeFaultsTest, EveryBadRequestGetsItsStatusAndMessageAndTheServerAnswersTheNext) {
   testing::ServeProcess server({"--model", "convnet", "--weights", weights(), "--threads", "1",

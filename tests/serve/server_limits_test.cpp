@@ -20,15 +20,8 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::curl;
 
-class ServeLimitsTest : public ::testing::Test {
+class ServeLimitsTest : public testing::ConvnetWeightsTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::TempDir();
-    testing::write_convnet_weights(weights());
-  }
-  static void TearDownTestSuite() { delete dir_; }
-  static std::string weights() { return *dir_ / "convnet.pt"; }
-
   // A server with 4 HTTP threads (so that tens of connections outnumber them) and `extra` flags.
   std::unique_ptr<testing::ServeProcess> start(std::vector<std::string> extra = {}) {
     std::vector<std::string> args{"--model", "convnet", "--weights", weights(), "--threads", "1",
@@ -49,10 +42,8 @@ class ServeLimitsTest : public ::testing::Test {
     return nlohmann::json::parse(r.output, nullptr, false);
   }
 
-  static testing::TempDir* dir_;
   testing::TempDir scratch_;
 };
-testing::TempDir* ServeLimitsTest::dir_ = nullptr;
 
 // 100 connections each sending a header line every 0.2 s, against 4 threads: with a thread per
 // connection (httplib) the health probe waited for one; here each slow request ends with 408 at

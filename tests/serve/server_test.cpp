@@ -23,15 +23,8 @@ const std::string kCli = LOCKSTEP_CLI;
 // shape); 1e-4 absolute on logits of magnitude ~1-10 is far below any difference in class.
 constexpr double kLogitTolerance = 1e-4;
 
-class ServeTest : public ::testing::Test {
+class ServeTest : public testing::ConvnetWeightsTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::TempDir();
-    testing::write_convnet_weights(weights());
-  }
-  static void TearDownTestSuite() { delete dir_; }
-  static std::string weights() { return *dir_ / "convnet.pt"; }
-
   // Synthetic images normalised as `lockstep predict --data synthetic --images FILE` normalises a
   // file of raw pixels.
   static data::Dataset images(int64_t n) {
@@ -54,10 +47,8 @@ class ServeTest : public ::testing::Test {
     std::ofstream(path, std::ios::binary) << content;
     return path;
   }
-  static testing::TempDir* dir_;
   testing::TempDir scratch_;
 };
-testing::TempDir* ServeTest::dir_ = nullptr;
 
 TEST_F(ServeTest, CurlSessionHealthMetadataJsonAndBinaryInferMatchPredict) {
   testing::ServeProcess server({"--model", "convnet", "--weights", weights(), "--threads", "1"}, scratch_ / "log");
