@@ -146,7 +146,8 @@ size_t RequestParser::feed_head(std::string_view data) {
   // a token and end at the first space, and the request line is checked as soon as it ends. The
   // checks are the same however the bytes are split into reads (the fuzz target holds us to it).
   const size_t line_end = data.find('\n');
-  const std::string_view method = data.substr(0, std::min(data.find(' '), line_end));
+  const std::string_view window = data.substr(0, limits_.max_header_bytes + 1);  // what a limit check sees
+  const std::string_view method = window.substr(0, std::min(window.find(' '), window.find('\n')));
   for (size_t i = std::min(scanned_, method.size()); i < method.size(); ++i)
     if (!is_token_char(static_cast<unsigned char>(method[i])))
       return fail_now(400, "the request does not start with an HTTP method: " + printable(data.substr(0, 16)));
