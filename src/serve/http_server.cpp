@@ -142,7 +142,6 @@ static void answer_and_linger(Connection& c, const Response& r) {
   c.linger_since = Clock::now();
 }
 
-
 struct HttpServer::Impl {
   Impl(Handler h, HttpServerOptions o) : handler(std::move(h)), options(std::move(o)) {}
   ~Impl() {
