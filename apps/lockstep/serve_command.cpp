@@ -51,7 +51,8 @@ void print_models(const serve::ModelRepository& repo, std::ostream& out) {
     for (const serve::UnavailableVersion& u : m.unavailable)
       out << "lockstep serve: model '" << m.name << "' version " << u.version << " UNAVAILABLE: " << u.reason << "\n";
     for (const serve::ServedVersion& v : m.versions)
-      out << "lockstep serve: model '" << m.name << "' version " << v.version << " READY (" << m.config->architecture
+      out << "lockstep serve: model '" << m.name << "' version " << v.version << " READY ("
+          << (m.config->format == serve::ModelFormat::kTorchScript ? "TorchScript" : m.config->architecture)
           << ", " << m.config->instance_count << " instance(s) x " << repo.threads_per_instance()
           << " thread(s), max_batch_size " << m.config->max_batch_size << ", dynamic batching "
           << (m.config->dynamic_batching ? "on" : "off") << ")\n";

@@ -246,7 +246,8 @@ nlohmann::json model_metadata(const ModelConfig& config, const std::vector<int64
   for (int64_t v : versions) names.push_back(std::to_string(v));
   return {{"name", config.name},
           {"versions", names},
-          {"platform", "lockstep_" + config.architecture},
+          {"platform", config.format == ModelFormat::kTorchScript ? std::string("pytorch_libtorch")
+                                                                  : "lockstep_" + config.architecture},
           {"inputs", {tensor(config.input)}},
           {"outputs", {tensor(config.output)}}};
 }

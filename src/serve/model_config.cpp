@@ -6,6 +6,7 @@
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
+#include <set>
 #include <sstream>
 
 #include "lockstep/models/zoo.h"
@@ -43,61 +44,12 @@ std::string dims_text(const std::vector<int64_t>& dims) { return "[" + c10::Join
 TensorSpec tensor_spec(const proto::Tensor& t, const char* field, const std::string& source) {
   TORCH_CHECK_VALUE(!t.name().empty(), source, ": an ", field, " has no name");
   TORCH_CHECK_VALUE(t.data_type() == proto::TYPE_FP32, source, ": ", field, " '", t.name(), "' has data_type ",
-                    proto::DataType_Name(t.data_type()), "; lockstep's reference models take and return TYPE_FP32");
+                    proto::DataType_Name(t.data_type()), "; lockstep serves TYPE_FP32 inputs and outputs");
   return {t.name(), kserve_datatype(t.data_type()), {t.dims().begin(), t.dims().end()}};
 }
 
-}  // namespace
-
-ModelConfig default_model_config(const std::string& architecture, int64_t instance_count) {
-  models::check_model_name(architecture);
-  TORCH_CHECK_VALUE(instance_count >= 1 && instance_count <= kMaxInstances, "--instances ", instance_count,
-                    " must be between 1 and ", kMaxInstances);
-  ModelConfig c;
-  c.name = architecture;
-  c.architecture = architecture;
-  c.input.dims = models::input_shape(architecture);
-  c.output.dims = {kDefaultNumClasses};
-  c.instance_count = instance_count;
-  return c;
-}
-
-ModelConfig parse_model_config(const std::string& text, const std::string& source, const std::string& directory_name) {
-  proto::ModelConfig p;
-  ErrorCollector errors(source);
-  google::protobuf::TextFormat::Parser parser;
-  parser.RecordErrorsTo(&errors);
-  TORCH_CHECK_VALUE(parser.ParseFromString(text, &p), errors.first().empty() ? source + ": cannot parse" : errors.first());
-
-  ModelConfig c;
-  c.name = p.name().empty() ? directory_name : p.name();
-  TORCH_CHECK_VALUE(c.name == directory_name, source, ": name '", p.name(), "' differs from its directory '",
-                    directory_name, "'; a model's name is its directory's name");
-  const std::string backend = !p.backend().empty() ? p.backend() : p.platform();
-  TORCH_CHECK_VALUE(backend == "lockstep", source, ": ", p.backend().empty() ? "platform" : "backend", " '", backend,
-                    "' is not served here; set backend: \"lockstep\" (the weights of a lockstep reference model)");
-  const auto architecture = p.parameters().find("architecture");
-  c.architecture = architecture != p.parameters().end() ? architecture->second.string_value() : c.name;
-  for (const auto& item : p.parameters())
-    TORCH_CHECK_VALUE(item.first == "architecture", source, ": unknown parameter '", item.first,
-                      "'; the one parameter is \"architecture\"");
-  TORCH_CHECK_VALUE(std::count(models::model_names().begin(), models::model_names().end(), c.architecture) == 1,
-                    source, ": '", c.architecture, "' is not a reference model (", c10::Join(", ", models::model_names()),
-                    "); name the model after one, or add parameters { key: \"architecture\" value: { string_value: \"convnet\" } }");
-
-  TORCH_CHECK_VALUE(p.max_batch_size() >= 1, source, ": max_batch_size ", p.max_batch_size(),
-                    " must be at least 1 (the reference models take a batch dimension)");
-  c.max_batch_size = p.max_batch_size();
-  TORCH_CHECK_VALUE(p.input_size() == 1 && p.output_size() == 1, source, ": ", p.input_size(), " input(s) and ",
-                    p.output_size(), " output(s); a reference model has exactly one of each");
-  c.input = tensor_spec(p.input(0), "input", source);
-  c.output = tensor_spec(p.output(0), "output", source);
-  const std::vector<int64_t> shape = models::input_shape(c.architecture);
-  TORCH_CHECK_VALUE(c.input.dims == shape, source, ": input '", c.input.name, "' dims ", dims_text(c.input.dims),
-                    " do not fit a ", c.architecture, ", which takes ", dims_text(shape), " per sample");
-  TORCH_CHECK_VALUE(c.output.dims.size() == 1 && c.output.dims[0] >= 2, source, ": output '", c.output.name,
-                    "' dims ", dims_text(c.output.dims), " must be [classes], e.g. [10]");
-
+// dynamic_batching, instance_group and version_policy, the same for every format.
+void read_scheduling(const proto::ModelConfig& p, ModelConfig& c, const std::string& source) {
   c.dynamic_batching = p.has_dynamic_batching();
   const proto::DynamicBatching& d = p.dynamic_batching();
   for (int64_t size : d.preferred_batch_size()) {
@@ -133,6 +85,90 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
                       v.latest().num_versions(), " must be at least 1");
     c.version_policy.num_versions = v.latest().num_versions();
   }
+}
+
+// Triton's PyTorch backend's parameters (its switches for the JIT and for GPUs); lockstep accepts
+// them so that a repository serves unchanged, and always runs the module in inference mode.
+const std::set<std::string> kPyTorchBackendParameters{
+    "DISABLE_OPTIMIZED_EXECUTION", "INFERENCE_MODE", "DISABLE_CUDNN", "ENABLE_WEIGHT_SHARING",
+    "ENABLE_CACHE_CLEANING", "ENABLE_JIT_EXECUTOR", "ENABLE_JIT_PROFILING", "ENABLE_NVFUSER",
+    "ENABLE_TENSOR_FUSER", "INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT"};
+
+// Triton's PyTorch backend: the module's own inputs and outputs, named in the config (INPUT__0,
+// OUTPUT__0 by Triton's convention). So far one FP32 input and one FP32 output with a batch
+// dimension (issue 30 adds several, other types and max_batch_size 0).
+ModelConfig torchscript_config(const proto::ModelConfig& p, ModelConfig c, const std::string& source) {
+  c.format = ModelFormat::kTorchScript;
+  for (const auto& item : p.parameters())  // the PyTorch backend's switches: lockstep always runs in inference mode
+    TORCH_CHECK_VALUE(kPyTorchBackendParameters.count(item.first) == 1, source, ": unknown parameter '", item.first,
+                      "' for the PyTorch backend; lockstep reads ", c10::Join(", ", kPyTorchBackendParameters));
+  TORCH_CHECK_VALUE(p.max_batch_size() >= 1, source, ": max_batch_size ", p.max_batch_size(),
+                    " must be at least 1 (a model without a batch dimension is not served yet)");
+  c.max_batch_size = p.max_batch_size();
+  TORCH_CHECK_VALUE(p.input_size() == 1 && p.output_size() == 1, source, ": ", p.input_size(), " input(s) and ",
+                    p.output_size(), " output(s); a TorchScript model is served with one of each so far");
+  c.input = tensor_spec(p.input(0), "input", source);
+  c.output = tensor_spec(p.output(0), "output", source);
+  for (const TensorSpec* t : {&c.input, &c.output})
+    TORCH_CHECK_VALUE(!t->dims.empty() && std::all_of(t->dims.begin(), t->dims.end(), [](int64_t d) { return d >= 1; }),
+                      source, ": '", t->name, "' dims ", dims_text(t->dims), " must be sizes of at least 1");
+  read_scheduling(p, c, source);
+  return c;
+}
+
+}  // namespace
+
+ModelConfig default_model_config(const std::string& architecture, int64_t instance_count) {
+  models::check_model_name(architecture);
+  TORCH_CHECK_VALUE(instance_count >= 1 && instance_count <= kMaxInstances, "--instances ", instance_count,
+                    " must be between 1 and ", kMaxInstances);
+  ModelConfig c;
+  c.name = architecture;
+  c.architecture = architecture;
+  c.input.dims = models::input_shape(architecture);
+  c.output.dims = {kDefaultNumClasses};
+  c.instance_count = instance_count;
+  return c;
+}
+
+ModelConfig parse_model_config(const std::string& text, const std::string& source, const std::string& directory_name) {
+  proto::ModelConfig p;
+  ErrorCollector errors(source);
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  TORCH_CHECK_VALUE(parser.ParseFromString(text, &p), errors.first().empty() ? source + ": cannot parse" : errors.first());
+
+  ModelConfig c;
+  c.name = p.name().empty() ? directory_name : p.name();
+  TORCH_CHECK_VALUE(c.name == directory_name, source, ": name '", p.name(), "' differs from its directory '",
+                    directory_name, "'; a model's name is its directory's name");
+  const std::string backend = !p.backend().empty() ? p.backend() : p.platform();
+  if (backend == "pytorch" || backend == "pytorch_libtorch") return torchscript_config(p, std::move(c), source);
+  TORCH_CHECK_VALUE(backend == "lockstep", source, ": ", p.backend().empty() ? "platform" : "backend", " '", backend,
+                    "' is not served here; set backend: \"lockstep\" (the weights of a lockstep reference model) or ",
+                    "platform: \"pytorch_libtorch\" (a TorchScript model.pt, as Triton's PyTorch backend)");
+  const auto architecture = p.parameters().find("architecture");
+  c.architecture = architecture != p.parameters().end() ? architecture->second.string_value() : c.name;
+  for (const auto& item : p.parameters())
+    TORCH_CHECK_VALUE(item.first == "architecture", source, ": unknown parameter '", item.first,
+                      "'; the one parameter is \"architecture\"");
+  TORCH_CHECK_VALUE(std::count(models::model_names().begin(), models::model_names().end(), c.architecture) == 1,
+                    source, ": '", c.architecture, "' is not a reference model (", c10::Join(", ", models::model_names()),
+                    "); name the model after one, or add parameters { key: \"architecture\" value: { string_value: \"convnet\" } }");
+
+  TORCH_CHECK_VALUE(p.max_batch_size() >= 1, source, ": max_batch_size ", p.max_batch_size(),
+                    " must be at least 1 (the reference models take a batch dimension)");
+  c.max_batch_size = p.max_batch_size();
+  TORCH_CHECK_VALUE(p.input_size() == 1 && p.output_size() == 1, source, ": ", p.input_size(), " input(s) and ",
+                    p.output_size(), " output(s); a reference model has exactly one of each");
+  c.input = tensor_spec(p.input(0), "input", source);
+  c.output = tensor_spec(p.output(0), "output", source);
+  const std::vector<int64_t> shape = models::input_shape(c.architecture);
+  TORCH_CHECK_VALUE(c.input.dims == shape, source, ": input '", c.input.name, "' dims ", dims_text(c.input.dims),
+                    " do not fit a ", c.architecture, ", which takes ", dims_text(shape), " per sample");
+  TORCH_CHECK_VALUE(c.output.dims.size() == 1 && c.output.dims[0] >= 2, source, ": output '", c.output.name,
+                    "' dims ", dims_text(c.output.dims), " must be [classes], e.g. [10]");
+  read_scheduling(p, c, source);
   return c;
 }
 

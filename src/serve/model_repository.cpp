@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -28,18 +29,55 @@ std::optional<int64_t> version_number(const std::string& name) {
   return std::stoll(name);
 }
 
+// A TorchScript module (torch.jit.save) run as Triton's PyTorch backend runs it: eval mode, no
+// autograd, the input tensor as forward's one argument and a tensor back.
+Batcher::Instance torchscript_instance(const std::string& file) {
+  auto module = std::make_shared<torch::jit::Module>();
+  try {
+    *module = torch::jit::load(file);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "'", file, "' is not a TorchScript module (torch.jit.save of a scripted or traced module): ",
+                e.what_without_backtrace());
+  }
+  TORCH_CHECK(module->find_method("forward").has_value(), "'", file, "' holds TorchScript without a forward method ",
+              "(torch.save of tensors?); save the module itself with torch.jit.save(torch.jit.script(model), ...)");
+  module->eval();
+  return [module, file](const torch::Tensor& input) {
+    torch::InferenceMode guard;
+    const c10::IValue out = module->forward({input});
+    TORCH_CHECK(out.isTensor(), "'", file, "' returns a ", out.tagKind(), "; a served module returns one tensor");
+    return out.toTensor();
+  };
+}
+
 // One instance: its own module with the weights of `weights` (see Note [Intra-op threads of
 // instances]), checked with one forward of a zero sample.
 Batcher::Instance load_instance(const ModelConfig& config, const std::string& weights) {
-  auto model = models::make_model(config.architecture, config.output.dims.at(0));
-  exporting::load_weights(*model, config.architecture, weights);
-  auto predictor = std::make_shared<infer::Predictor>(torch::nn::AnyModule(model));
+  Batcher::Instance instance;
+  if (config.format == ModelFormat::kTorchScript) {
+    instance = torchscript_instance(weights);
+  } else {
+    auto model = models::make_model(config.architecture, config.output.dims.at(0));
+    exporting::load_weights(*model, config.architecture, weights);
+    auto predictor = std::make_shared<infer::Predictor>(torch::nn::AnyModule(model));
+    instance = [predictor](const torch::Tensor& input) { return predictor->forward(input); };
+  }
   std::vector<int64_t> shape{1};
   shape.insert(shape.end(), config.input.dims.begin(), config.input.dims.end());
-  const torch::Tensor out = predictor->forward(torch::zeros(shape));
-  TORCH_CHECK(out.sizes() == torch::IntArrayRef({1, config.output.dims[0]}), "model '", config.name,
-              "' returns shape ", out.sizes(), " per sample, not the [", config.output.dims[0], "] its output declares");
-  return [predictor](const torch::Tensor& input) { return predictor->forward(input); };
+  torch::Tensor out;
+  try {
+    out = instance(torch::zeros(shape));
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "model '", config.name, "' ('", weights, "') fails on a zero input of shape ",
+                c10::IntArrayRef(shape), " (input '", config.input.name, "' dims as config.pbtxt declares them): ",
+                e.what_without_backtrace());
+  }
+  std::vector<int64_t> expected{1};
+  expected.insert(expected.end(), config.output.dims.begin(), config.output.dims.end());
+  TORCH_CHECK(out.sizes() == c10::IntArrayRef(expected), "model '", config.name, "' returns shape ", out.sizes(),
+              " for one sample, not the ", c10::IntArrayRef(expected), " its output '", config.output.name,
+              "' declares");
+  return instance;
 }
 
 ServedVersion load_version(const ModelConfig& config, int64_t version, const std::string& weights,

@@ -97,6 +97,31 @@ TEST(ModelConfig, RefusesWhatDoesNotFitTheModel) {
         << c.text;
 }
 
+// Triton's PyTorch backend: a TorchScript model.pt with the inputs and outputs the config names.
+TEST(ModelConfig, ReadsTritonsPyTorchBackendConfig) {
+  const std::string io = "input [ { name: \"INPUT__0\" data_type: TYPE_FP32 dims: [ 3, 8 ] } ] "
+                         "output [ { name: \"OUTPUT__0\" data_type: TYPE_FP32 dims: [ 5 ] } ] ";
+  for (const std::string& kind : {"platform: \"pytorch_libtorch\" ", "backend: \"pytorch\" "}) {
+    const serve::ModelConfig c = serve::parse_model_config(
+        kind + "max_batch_size: 4 " + io + "parameters: { key: \"DISABLE_OPTIMIZED_EXECUTION\" value: { string_value: "
+               "\"true\" } } instance_group [ { count: 3 } ]",
+        "config.pbtxt", "anything");
+    EXPECT_EQ(c.format, serve::ModelFormat::kTorchScript) << kind;
+    EXPECT_EQ(c.input.name, "INPUT__0");
+    EXPECT_EQ(c.input.dims, (std::vector<int64_t>{3, 8}));
+    EXPECT_EQ(c.output.dims, (std::vector<int64_t>{5}));
+    EXPECT_EQ(c.instance_count, 3);
+  }
+  const std::string torchscript = "platform: \"pytorch_libtorch\" max_batch_size: 4 ";
+  EXPECT_THAT(testing::error_message([&] {
+                serve::parse_model_config(torchscript + io + "parameters: { key: \"X\" value: { string_value: \"1\" } }",
+                                          "config.pbtxt", "m");
+              }),
+              HasSubstr("config.pbtxt: unknown parameter 'X' for the PyTorch backend"));
+  EXPECT_THAT(testing::error_message([&] { serve::parse_model_config(torchscript + io + io, "config.pbtxt", "m"); }),
+              HasSubstr("2 input(s) and 2 output(s); a TorchScript model is served with one of each so far"));
+}
+
 TEST(ModelConfig, VersionPolicyPicksVersionsAsTritonDoes) {
   const std::vector<int64_t> available{3, 1, 7};
   EXPECT_EQ(serve::select_versions({}, available), (std::vector<int64_t>{7}));

@@ -22,11 +22,16 @@ struct VersionPolicy {
   std::vector<int64_t> versions;  // kSpecific: exactly these
 };
 
+// What a version's model.pt holds: a lockstep reference model's weights (backend "lockstep"), or a
+// TorchScript module (Triton's PyTorch backend: platform "pytorch_libtorch" or backend "pytorch").
+enum class ModelFormat { kReference, kTorchScript };
+
 // A served model's settings: what config.pbtxt says, validated, or the `--model` shortcut's
 // defaults. See docs/serving.md for the accepted subset of config.pbtxt.
 struct ModelConfig {
   std::string name;
-  std::string architecture;  // the reference model the weights are for: convnet, mlp, resnet18
+  ModelFormat format = ModelFormat::kReference;
+  std::string architecture;  // kReference: the model the weights are for (convnet, mlp, resnet18)
   int64_t max_batch_size = 64;  // samples per forward, at least 1
   TensorSpec input{"input", "FP32", {}};
   TensorSpec output{"logits", "FP32", {}};
