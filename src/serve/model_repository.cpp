@@ -2,7 +2,6 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
-#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include "lockstep/core/process.h"
 #include "lockstep/export/weights_file.h"
 #include "lockstep/infer/predictor.h"
+#include "lockstep/models/torchscript_module.h"
 #include "lockstep/models/zoo.h"
 
 namespace lockstep::serve {
@@ -32,21 +32,11 @@ std::optional<int64_t> version_number(const std::string& name) {
 // A TorchScript module (torch.jit.save) run as Triton's PyTorch backend runs it: eval mode, no
 // autograd, the input tensor as forward's one argument and a tensor back.
 Batcher::Instance torchscript_instance(const std::string& file) {
-  auto module = std::make_shared<torch::jit::Module>();
-  try {
-    *module = torch::jit::load(file);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "'", file, "' is not a TorchScript module (torch.jit.save of a scripted or traced module): ",
-                e.what_without_backtrace());
-  }
-  TORCH_CHECK(module->find_method("forward").has_value(), "'", file, "' holds TorchScript without a forward method ",
-              "(torch.save of tensors?); save the module itself with torch.jit.save(torch.jit.script(model), ...)");
+  auto module = std::make_shared<models::TorchScriptModuleImpl>(file);
   module->eval();
-  return [module, file](const torch::Tensor& input) {
+  return [module](const torch::Tensor& input) {
     torch::InferenceMode guard;
-    const c10::IValue out = module->forward({input});
-    TORCH_CHECK(out.isTensor(), "'", file, "' returns a ", out.tagKind(), "; a served module returns one tensor");
-    return out.toTensor();
+    return module->forward(input);
   };
 }
 

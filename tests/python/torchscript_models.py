@@ -43,7 +43,8 @@ def main(out_dir):
     with torch.no_grad():
         y = model(x)
     with open(f"{out_dir}/residual_mlp_io.json", "w") as f:
-        json.dump({"input": x.tolist(), "output": y.tolist()}, f)
+        json.dump({"input": x.tolist(), "output": y.tolist(),
+                   "state_dict_keys": list(model.state_dict().keys())}, f)
 
 
 if __name__ == "__main__":
