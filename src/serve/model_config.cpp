@@ -99,9 +99,9 @@ const std::set<std::string> kPyTorchBackendParameters{
 // dimension (issue 30 adds several, other types and max_batch_size 0).
 ModelConfig torchscript_config(const proto::ModelConfig& p, ModelConfig c, const std::string& source) {
   c.format = ModelFormat::kTorchScript;
-  for (const auto& item : p.parameters())  // the PyTorch backend's switches: lockstep always runs in inference mode
+  for (const auto& item : p.parameters())
     TORCH_CHECK_VALUE(kPyTorchBackendParameters.count(item.first) == 1, source, ": unknown parameter '", item.first,
-                      "' for the PyTorch backend; lockstep reads ", c10::Join(", ", kPyTorchBackendParameters));
+                      "' for the PyTorch backend; lockstep accepts ", c10::Join(", ", kPyTorchBackendParameters));
   TORCH_CHECK_VALUE(p.max_batch_size() >= 1, source, ": max_batch_size ", p.max_batch_size(),
                     " must be at least 1 (a model without a batch dimension is not served yet)");
   c.max_batch_size = p.max_batch_size();
