@@ -123,6 +123,10 @@ struct Connection {
   bool partial() const { return parser.started() || !in.empty(); }
   // Answered and half-closed: what arrives is dropped until the client closes (Note [Lingering close]).
   bool lingering() const { return linger_since.has_value(); }
+  void half_close() {
+    ::shutdown(fd, SHUT_WR);
+    linger_since = Clock::now();
+  }
 
   uint64_t id;
   int fd;
@@ -138,8 +142,7 @@ struct Connection {
 static void answer_and_linger(Connection& c, const Response& r) {
   const std::string bytes = response_head(r, false, 1) + r.body;
   [[maybe_unused]] const ssize_t n = ::send(c.fd, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-  ::shutdown(c.fd, SHUT_WR);
-  c.linger_since = Clock::now();
+  c.half_close();
 }
 
 struct HttpServer::Impl {
@@ -295,8 +298,11 @@ void HttpServer::Impl::serve_connection(Connection& c) {
         response = error_response(500, e.what());
       }
       const bool keep_alive = request.keep_alive() && !response.close && !stopping;
-      if (!write_all(c, response_head(response, keep_alive, request.minor_version), response.body) || !keep_alive)
-        return close(c);
+      if (!write_all(c, response_head(response, keep_alive, request.minor_version), response.body)) return close(c);
+      if (!keep_alive) {  // the client may have sent more (pipelined): see Note [Lingering close]
+        c.half_close();
+        continue;
+      }
       c.continue_sent = false;
       c.request_started = c.idle_since = Clock::now();
       continue;
