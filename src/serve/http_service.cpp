@@ -36,7 +36,7 @@ bool same_secret(const std::string& a, const std::string& b) {
 void check_token(const std::string& token, const http::Request& req) {
   if (token.empty()) return;
   const std::string* given = req.header("authorization");
-  if (given == nullptr) throw HttpError(401, "this server needs \"Authorization: Bearer <token>\" (--auth-token-file)");
+  if (given == nullptr) throw HttpError(401, "this server needs \"Authorization: Bearer <token>\"");
   if (!same_secret(*given, "Bearer " + token)) throw HttpError(401, "the bearer token is not this server's");
 }
 
@@ -195,7 +195,7 @@ http::Response route(const ServiceState& state, const http::Request& req) {
         index.push_back({{"name", m.name}, {"state", "UNAVAILABLE"}, {"reason", public_reason(state, m.reason)}});
       for (const ServedVersion& v : m.versions)
         index.push_back({{"name", m.name}, {"version", std::to_string(v.version)}, {"state", "READY"}});
-      for (const UnavailableVersion& u : m.ready ? m.unavailable : std::vector<UnavailableVersion>{})
+      for (const UnavailableVersion& u : m.unavailable)
         index.push_back({{"name", m.name}, {"version", std::to_string(u.version)}, {"state", "UNAVAILABLE"},
                          {"reason", public_reason(state, u.reason)}});
     }

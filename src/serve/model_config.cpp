@@ -70,7 +70,7 @@ void read_scheduling(const proto::ModelConfig& p, ModelConfig& c, const std::str
     c.instance_count += group.count() == 0 ? 1 : group.count();  // Triton's default count is 1
     TORCH_CHECK_VALUE(c.instance_count <= kMaxInstances, source, ": instance_group count ", group.count(), " makes ",
                       c.instance_count, " instances; a model has at most ", kMaxInstances,
-                      " (each is a copy of the weights and a thread; --threads shares the cores among them)");
+                      " (each is a copy of the weights and a thread, and they share the server's intra-op threads)");
   }
 
   const proto::VersionPolicy& v = p.version_policy();

@@ -124,6 +124,7 @@ void load_versions(ServedModel& model, const fs::path& directory, int64_t thread
       for (const UnavailableVersion& u : model.unavailable)
         reasons.push_back(chosen.size() == 1 ? u.reason : "version " + std::to_string(u.version) + ": " + u.reason);
       model.reason = c10::Join("; ", reasons);
+      model.unavailable.clear();  // the model itself is unavailable: the reason says why, version by version
       return;
     }
     model.ready = true;

@@ -82,7 +82,8 @@ Server::Server(ModelRepository& repository, ServerOptions options)
     : impl_(std::make_unique<Impl>(repository, std::move(options))) {
   const ServerOptions& o = impl_->options;
   TORCH_CHECK_VALUE(o.http_thread_count() >= 1, "--http-thread-count ", o.http_thread_count(), " must be at least 1");
-  TORCH_CHECK_VALUE(o.max_connections() >= 1, "--http-max-connections ", o.max_connections(), " must be at least 1");
+  TORCH_CHECK_VALUE(o.max_connections() >= 1, "ServerOptions::max_connections ", o.max_connections(),
+                    " must be at least 1");
   TORCH_CHECK_VALUE(o.max_input_bytes() >= 1, "--http-max-input-size ", o.max_input_bytes(), " must be at least 1");
   TORCH_CHECK_VALUE(o.exit_timeout_s() >= 0, "--exit-timeout ", o.exit_timeout_s(), " must not be negative");
   TORCH_CHECK_VALUE(!o.allow_metrics() || o.http_port() == 0 || o.http_port() != o.metrics_port(), "--http-port and ",

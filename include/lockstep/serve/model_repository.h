@@ -41,7 +41,7 @@ struct ServedModel {
   bool ready = false;
   std::string reason;                 // why not ready
   std::vector<ServedVersion> versions;  // ascending; empty unless ready
-  std::vector<UnavailableVersion> unavailable;  // ascending
+  std::vector<UnavailableVersion> unavailable;  // ascending; empty unless ready (then `reason` covers them)
 
   // The version asked for ("" or absent: the highest), or nullptr.
   const ServedVersion* find_version(const std::string& version) const;
