@@ -233,13 +233,13 @@ void HttpServer::Impl::worker() {
 
 void HttpServer::Impl::accept_all() {
   while (!stopping) {
+    // Accepted and counted under one lock: connections are counted in the order they arrived, so
+    // the one past the limit is the one that gets 503, whichever thread accepts it.
+    std::lock_guard<std::mutex> lock(mutex);
     const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN: none left (another thread may have taken it), or the listener is closed
-    // Responses go out in one write; without Nagle's algorithm nothing waits for the client's
-    // delayed ACK.
-    const int yes = 1;
+    const int yes = 1;  // responses go out in one write: nothing should wait for a delayed ACK (Nagle)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
-    std::lock_guard<std::mutex> lock(mutex);
     if (stopping) {  // the housekeeper may already have seen the last connection close
       ::close(fd);
       return;
