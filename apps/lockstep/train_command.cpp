@@ -90,7 +90,7 @@ void add_text_options(CLI::App* cmd, const std::shared_ptr<train::TrainOptions>&
 }  // namespace
 
 Command add_train_command(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("train", "Train a reference model; prints one JSON summary line last");
+  CLI::App* cmd = app.add_subcommand("train", "Train a reference model or a TorchScript file; prints one JSON summary line last");
   cmd->option_defaults()->always_capture_default();
   auto o = std::make_shared<train::TrainOptions>();
   // The flags write into each component's own options (see TrainOptions).
@@ -103,8 +103,12 @@ Command add_train_command(CLI::App& app) {
 
   std::vector<std::string> models = models::model_names();
   for (const auto& name : models::text_model_names()) models.push_back(name);
-  cmd->add_option("--model", o->model(), "Reference model: " + c10::Join(", ", models))
-      ->check(CLI::IsMember(models));
+  auto* model = cmd->add_option("--model", o->model(), "Reference model: " + c10::Join(", ", models))
+                    ->check(CLI::IsMember(models));
+  cmd->add_option("--model-file", o->model_file(),
+                  "Train a TorchScript module saved in Python (torch.jit.save of torch.jit.script or trace) on the "
+                  "images of --data")
+      ->excludes(model);
   cmd->add_option_function<std::string>("--data",
       [o](const std::string& v) {
         try {
@@ -160,6 +164,8 @@ Command add_train_command(CLI::App& app) {
       ->check(cli::positive_number())->capture_default_str();
   cmd->add_option("--save-model", t.save_model(),
                   "Write the final state dict here (readable by Python's torch.load)");
+  cmd->add_option("--save-torchscript", o->save_torchscript(),
+                  "--model-file: write the TorchScript module with the trained weights here (Python's torch.jit.load)");
   cmd->add_flag("--quiet", *quiet, "No progress display (the JSON summary is still printed)");
   cmd->add_flag("--deterministic", o->deterministic(), "Use only LibTorch's deterministic algorithms");
   cmd->add_option("--log-jsonl", t.log().jsonl(), "Write one JSON line per logged step and per epoch to FILE (appended to when resuming)");

@@ -1,7 +1,12 @@
 // Images for `lockstep train` (see Note [Training data]).
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <numeric>
+
+#include "lockstep/core/names.h"
 #include "lockstep/models/state_dict.h"
+#include "lockstep/models/torchscript_module.h"
 #include "lockstep/models/zoo.h"
 #include "reference_data.h"
 
@@ -32,12 +37,25 @@ class ImageSplit : public TrainingData {
 ReferenceData make_image_data(const TrainOptions& o) {
   DataSplits splits = load_data(o);
   ReferenceData d;
-  d.make_model = [&o, classes = splits.train.num_classes](dist::ProcessGroup* group, bool initial_weights) {
-    auto model = models::make_model(o.model(), classes, o.norm_layer(group));
+  d.train = std::make_shared<ImageSplit>(std::move(splits.train));
+  d.make_model = [&o, classes = splits.train.num_classes, train = d.train](dist::ProcessGroup* group,
+                                                                            bool initial_weights) {
+    std::shared_ptr<models::Classifier> model;
+    if (o.model_file().empty()) {
+      model = models::make_model(o.model(), classes, o.norm_layer(group));
+    } else {
+      auto script = std::make_shared<models::TorchScriptModuleImpl>(o.model_file());
+      if (initial_weights) {  // the shapes fit, once: before anything trains or is written
+        std::vector<int64_t> first(std::min(o.trainer().batch_size(), train->size()));
+        std::iota(first.begin(), first.end(), 0);
+        script->check_input(train->get_batch(first).data, classes,
+                            "--data " + enum_name(data_source_names(), o.data()));
+      }
+      model = script;
+    }
     if (initial_weights && !o.init_weights().empty()) models::load_state_dict_file(*model, o.init_weights());
     return model;
   };
-  d.train = std::make_shared<ImageSplit>(std::move(splits.train));
   d.test = std::make_shared<ImageSplit>(std::move(splits.test));
   d.loss = [](const torch::Tensor& output, const torch::Tensor& target) {
     return torch::nn::functional::cross_entropy(output, target);

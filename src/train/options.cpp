@@ -38,7 +38,9 @@ const std::vector<std::string>& text_task_names() {
 
 DataSplits load_data(const TrainOptions& o) {
   if (o.data() == DataSource::kSynthetic) {
-    auto base = data::SyntheticOptions().shape(models::input_shape(o.model()));
+    // A TorchScript model says nothing of its input: it gets Fashion-MNIST's shape.
+    auto base = data::SyntheticOptions().shape(o.model_file().empty() ? models::input_shape(o.model())
+                                                                       : std::vector<int64_t>{1, 28, 28});
     const int64_t train_size = o.limit() > 0 ? o.limit() : kSyntheticTrainSize;
     // Distinct seeds so the test split is not a copy of the training split.
     return {data::make_synthetic(base.size(train_size).seed(o.trainer().seed())),
@@ -46,6 +48,7 @@ DataSplits load_data(const TrainOptions& o) {
   }
   DataSplits s{data::load_fashion_mnist(o.data_dir(), data::Split::kTrain).take(o.limit()),
            data::load_fashion_mnist(o.data_dir(), data::Split::kTest)};
+  if (!o.model_file().empty()) return s;  // the model's first forward checks the shape (image_data.cpp)
   const auto want = models::input_shape(o.model());
   for (const auto& [split, data] : {std::pair<const char*, const data::Dataset&>{"training", s.train}, {"test", s.test}}) {
     TORCH_CHECK_VALUE(data.size() > 0, "the ", split, " split in --data-dir '", o.data_dir(), "' holds no images: ",
@@ -64,7 +67,7 @@ DataSplits load_data(const TrainOptions& o) {
 c10::impl::GenericDict TrainOptions::run_settings(int64_t world_size) const {
   const TrainOptions& o = *this;
   c10::impl::GenericDict run = string_dict();
-  run.insert("model", o.model());
+  run.insert("model", o.model_name());
   run.insert("data", enum_name(data_source_names(), o.data()));
   run.insert("limit", o.limit());
   run.insert("world_size", world_size);
@@ -95,8 +98,19 @@ void TrainOptions::validate() const {
   const CheckpointerOptions& ckpt = t.checkpoint();
   const auto& text_models = models::text_model_names();
   const bool text_model = std::count(text_models.begin(), text_models.end(), model()) > 0;
-  if (!text_model) models::check_model_name(model());
-  TORCH_CHECK_VALUE(text() == text_model, "--model ", model(), " and --data ",
+  if (!model_file().empty()) {
+    TORCH_CHECK_VALUE(!text(), "--model-file '", model_file(), "' with --data ", enum_name(data_source_names(), data()),
+                      ": a TorchScript model trains on images (--data fashion-mnist or synthetic) so far");
+    TORCH_CHECK_VALUE(!sync_bn(), "--sync-bn with --model-file '", model_file(), "': its BatchNorm layers run inside ",
+                      "the TorchScript file, where lockstep cannot replace them by SyncBatchNorm; drop --sync-bn (each rank's "
+                      "BatchNorm then normalises over its own batch, as DDP without SyncBatchNorm does in Python)");
+  } else {
+    TORCH_CHECK_VALUE(save_torchscript().empty(), "--save-torchscript '", save_torchscript(), "' writes the trained ",
+                      "TorchScript module of --model-file, but this run trains --model ", model(), "; use --save-model ",
+                      "(a state dict), or lockstep export for ONNX");
+    if (!text_model) models::check_model_name(model());
+  }
+  TORCH_CHECK_VALUE(text() == text_model || !model_file().empty(), "--model ", model(), " and --data ",
                     enum_name(data_source_names(), data()), " do not go together: gpt-mini trains on text (--data ",
                     "fortunes or --data text:FILE), the other models on images (--data fashion-mnist or synthetic)");
   TORCH_CHECK_VALUE(data() != DataSource::kText || !text_file().empty(), "--data text needs a file: --data text:FILE");
@@ -193,10 +207,16 @@ void TrainOptions::validate() const {
 
 void TrainOptions::check_output_paths() const {
   check_output_file("--save-model", trainer().save_model());
+  check_output_file("--save-torchscript", save_torchscript());
   check_output_file("--trace", trainer().trace());
   check_output_file("--log-jsonl", trainer().log().jsonl());
   check_output_directory("--checkpoint-dir", trainer().checkpoint().dir());
   check_output_directory("--tensorboard", trainer().log().tensorboard());
+}
+
+std::string TrainOptions::model_name() const {
+  if (model_file().empty()) return model();
+  return "torchscript:" + model_file().substr(model_file().rfind('/') + 1);
 }
 
 amp::OptLevel TrainOptions::resolved_opt_level() const {

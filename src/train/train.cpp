@@ -12,6 +12,7 @@
 #include "lockstep/core/names.h"
 #include "lockstep/core/process.h"
 #include "lockstep/core/world.h"
+#include "lockstep/models/torchscript_module.h"
 #include "lockstep/train/trainer.h"
 #include "reference_data.h"
 
@@ -21,7 +22,7 @@ namespace {
 // The JSONL log's first line: what `lockstep report` shows as the run's settings.
 nlohmann::ordered_json run_settings_event(const TrainOptions& o, int64_t world_size, int64_t threads) {
   const TrainerOptions& t = o.trainer();
-  return {{"model", o.model()}, {"data", enum_name(data_source_names(), o.data())}, {"limit", o.limit()},
+  return {{"model", o.model_name()}, {"data", enum_name(data_source_names(), o.data())}, {"limit", o.limit()},
           {"epochs", t.epochs()}, {"batch_size", t.batch_size()}, {"world_size", world_size}, {"threads", threads},
           {"strategy", parallel::to_string(o.resolved_strategy(world_size))},
           {"optimizer", optim::to_string(o.optimizer().kind())}, {"lr", o.optimizer_options().lr()},
@@ -66,7 +67,13 @@ TrainResult train(const TrainOptions& o) {
       .loss(data.loss)
       .metric(data.metric)
       .eval_batch_size(data.eval_batch_size);
-  return Trainer(torch::nn::AnyModule(model), data.train, options, data.test).fit();
+  Trainer trainer(torch::nn::AnyModule(model), data.train, options, data.test);
+  TrainResult result = trainer.fit();
+  if (!o.save_torchscript().empty()) {
+    const auto weights = trainer.strategy().model_state_dict();  // collective (see Strategy::model_state_dict)
+    if (world.rank == 0) models::save_torchscript(o.model_file(), weights, o.save_torchscript());
+  }
+  return result;
 }
 
 }  // namespace lockstep::train

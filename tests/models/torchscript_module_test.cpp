@@ -10,6 +10,7 @@
 
 #include "../dist/multi_rank.h"
 #include "../test_util.h"
+#include "lockstep/amp/autocast.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/ddp_strategy.h"
 #include "lockstep/parallel/local_strategy.h"
@@ -110,6 +111,53 @@ TEST(TorchScriptModule, DdpOfTwoRanksEqualsOneProcessAccumulatingBothHalves) {
     EXPECT_TRUE(torch::equal(finals[0][i], exact[i]))
         << "parameter " << i << ": max difference " << (finals[0][i] - exact[i]).abs().max().item<double>();
   }
+}
+
+std::vector<std::string> block_names(TorchScriptModuleImpl& model) {
+  std::vector<std::string> names;
+  for (const auto& block : model.blocks()) names.push_back(block.name);
+  return names;
+}
+
+// See Note [Blocks of a TorchScript module]: the children a forward calls in order, a Sequential
+// inside opened, parameter-less ones (Flatten) joined to their neighbour; scripted or traced, the
+// blocks run in order compute the forward, and through a block runner forward() runs them.
+TEST(TorchScriptModule, ChildrenCalledInOrderAreTheBlocksAndComputeTheForward) {
+  testing::TempDir dir;
+  if (python_model(dir).file.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const torch::Tensor x = torch::randn({4, 1, 28, 28}, gen);
+  for (const std::string file : {"image_mlp.pt", "image_mlp_traced.pt"}) {
+    TorchScriptModule model(dir / file);
+    EXPECT_THAT(block_names(*model), ::testing::ElementsAre("embed", "blocks.0", "blocks.1", "head")) << file;
+    torch::Tensor y = x;
+    for (const auto& block : model->blocks()) y = block.forward(y);
+    const torch::Tensor expected = model->forward(x);
+    EXPECT_TRUE(torch::allclose(y, expected, 1e-6, 1e-6)) << file;
+    EXPECT_EQ(block_parameters(model->blocks()[0]).size(), 2u) << file;  // embed's; Flatten has none
+    int64_t runs = 0;
+    model->set_block_runner([&runs](const Block& block, const torch::Tensor& in) { ++runs; return block.forward(in); });
+    EXPECT_TRUE(torch::allclose(model->forward(x), expected, 1e-6, 1e-6)) << file;
+    EXPECT_EQ(runs, 4) << file;
+  }
+  TorchScriptModule cnn(dir / "cnn.pt");
+  const std::string error = testing::error_message([&] { cnn->blocks(); });
+  EXPECT_THAT(error, HasSubstr("'" + (dir / "cnn.pt") + "': fsdp, pipeline stages and activation checkpointing"));
+  EXPECT_THAT(error, HasSubstr("its forward runs aten::flatten (")) << error;
+}
+
+// Autocast reaches the ops the script calls: its linear layers run in bf16, as in Python.
+TEST(TorchScriptModule, AutocastAppliesToTheOpsTheScriptCalls) {
+  testing::TempDir dir;
+  const PythonModel py = python_model(dir);
+  if (py.file.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  TorchScriptModule model(py.file);
+  const torch::Tensor x = matrix(py.io["input"]);
+  EXPECT_EQ(model->forward(x).scalar_type(), torch::kFloat);
+  amp::AutocastGuard autocast;
+  const torch::Tensor half = model->forward(x);
+  EXPECT_EQ(half.scalar_type(), torch::kBFloat16);
+  EXPECT_LT((half.to(torch::kFloat) - matrix(py.io["output"])).abs().max().item<double>(), 0.1);
 }
 
 TEST(TorchScriptModule, AFileThatIsNotTorchScriptIsNamed) {

@@ -42,6 +42,7 @@ class Classifier : public torch::nn::Module {
 
   // Runs every block through `runner` from now on (null: plainly).
   void set_block_runner(BlockRunner runner) { runner_ = std::move(runner); }
+  bool has_block_runner() const { return static_cast<bool>(runner_); }
   // One block's forward through the block runner, as forward() runs it.
   torch::Tensor run_block(const Block& block, const torch::Tensor& x) { return runner_ ? runner_(block, x) : block.forward(x); }
 

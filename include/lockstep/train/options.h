@@ -40,6 +40,10 @@ constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 // 0.88).
 struct TrainOptions {
   TORCH_ARG(std::string, model) = "convnet";             // one of models::model_names()
+  // A TorchScript file (torch.jit.save in Python) to train instead of `model`, on image data; see
+  // Note [TorchScript modules as nn::Modules]. save_torchscript: the trained script written there.
+  TORCH_ARG(std::string, model_file) = "";
+  TORCH_ARG(std::string, save_torchscript) = "";
   TORCH_ARG(DataSource, data) = DataSource::kFashionMnist;
   TORCH_ARG(std::string, data_dir) = data::kDefaultFashionMnistDir;
   TORCH_ARG(int64_t, limit) = 0;                         // first N training samples; 0: all
@@ -118,6 +122,9 @@ struct TrainOptions {
   // which may change (see Note [Resuming on another world size]).
   c10::impl::GenericDict run_settings(int64_t world_size) const;
   bool text() const { return data() == DataSource::kFortunes || data() == DataSource::kText; }
+  // What the run trains, as logs and checkpoints record it: `model`, or "torchscript:" and the
+  // model file's name.
+  std::string model_name() const;
   // The text corpus: kFortunesDir or text_file().
   std::string text_path() const { return data() == DataSource::kFortunes ? kFortunesDir : text_file(); }
 };
