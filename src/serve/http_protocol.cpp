@@ -184,10 +184,22 @@ torch::Tensor json_input(const nlohmann::json& input, size_t i, const TensorSpec
   return typed_tensor(values, spec, shape);
 }
 
+// The bytes of binary data the request's inputs declare, in all.
+size_t declared_binary_bytes(const nlohmann::json& inputs) {
+  size_t total = 0;
+  for (const nlohmann::json& input : inputs) {
+    const nlohmann::json* parameters = input.is_object() ? member(input, "parameters") : nullptr;
+    const nlohmann::json* size = parameters != nullptr && parameters->is_object()
+                                     ? member(*parameters, "binary_data_size") : nullptr;
+    if (size != nullptr && size->is_number_unsigned()) total += size->get<size_t>();
+  }
+  return total;
+}
+
 // Input `spec`'s little-endian bytes at body[offset, offset + bytes); the JSON header is
-// body[0, json_bytes).
+// body[0, json_bytes) and the inputs declare `declared` bytes after it.
 torch::Tensor binary_input(const nlohmann::json& size, const TensorSpec& spec, const std::vector<int64_t>& shape,
-                           const std::string& body, size_t json_bytes, size_t offset) {
+                           const std::string& body, size_t json_bytes, size_t declared, size_t offset) {
   if (!size.is_number_unsigned())
     bad_request("input '" + spec.name + "' binary_data_size must be a byte count, got " + size.dump());
   const c10::ScalarType type = scalar_type(spec.datatype);
@@ -199,8 +211,7 @@ torch::Tensor binary_input(const nlohmann::json& size, const TensorSpec& spec, c
                 shape_text(shape) + " of " + spec.datatype + ", which is " + std::to_string(expected) + " bytes");
   if (offset + bytes > body.size())
     bad_request("the body holds " + std::to_string(body.size() - json_bytes) +
-                " bytes after the JSON header, but the inputs' binary_data_size add up to at least " +
-                std::to_string(offset + bytes - json_bytes));
+                " bytes after the JSON header, but the inputs' binary_data_size add up to " + std::to_string(declared));
   torch::Tensor t = torch::empty(shape, stored);
   std::memcpy(t.data_ptr(), body.data() + offset, bytes);
   return stored == type ? t : t.to(type);
@@ -289,7 +300,7 @@ InferRequest parse_infer_request(const std::string& body, std::optional<size_t> 
     } else {
       if (!header_length)
         bad_request("input '" + spec->name + "' has binary_data_size but the request has no Inference-Header-Content-Length header");
-      tensor = binary_input(*binary_size, *spec, shape, body, json_bytes, offset);
+      tensor = binary_input(*binary_size, *spec, shape, body, json_bytes, declared_binary_bytes(*inputs), offset);
       offset += static_cast<size_t>(tensor.numel()) * c10::elementSize(tensor.scalar_type());
     }
   }
