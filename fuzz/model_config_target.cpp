@@ -9,7 +9,9 @@ void model_config_input(const uint8_t* data, size_t size) {
   expect_clean_outcome(path, [&] {
     const serve::ModelConfig config = serve::parse_model_config(text, path, "convnet");
     // What is accepted is within the bounds the server relies on when it loads the model.
-    if (config.max_batch_size < 1 || config.instance_count < 1 || config.instance_count > serve::kMaxInstances)
+    // (max_batch_size 0, no batch dimension, is Triton's PyTorch backend's alone.)
+    const int64_t least_batch = config.format == serve::ModelFormat::kTorchScript ? 0 : 1;
+    if (config.max_batch_size < least_batch || config.instance_count < 1 || config.instance_count > serve::kMaxInstances)
       throw Violation(path + ": accepted max_batch_size " + std::to_string(config.max_batch_size) +
                       " and instance count " + std::to_string(config.instance_count));
   });

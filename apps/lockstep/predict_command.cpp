@@ -1,5 +1,6 @@
-// `lockstep predict`: a trained reference model on a data split or on image files: accuracy, the
-// confusion matrix, latency percentiles and throughput, in fp32 or bf16.
+// `lockstep predict`: a trained reference model, or a TorchScript module saved in Python, on a data
+// split or on image files: accuracy, the confusion matrix, latency percentiles and throughput, in
+// fp32 or bf16.
 #include <c10/util/StringUtil.h>
 #include <torch/torch.h>
 
@@ -14,6 +15,7 @@
 #include "lockstep/export/prediction_report.h"
 #include "lockstep/export/weights_file.h"
 #include "lockstep/infer/predictor.h"
+#include "lockstep/models/torchscript_module.h"
 #include "lockstep/models/zoo.h"
 #include "lockstep/train/options.h"
 
@@ -24,6 +26,7 @@ namespace {
 struct PredictArgs {
   std::string model = "convnet";
   std::string weights;
+  std::string model_file;
   std::string data = "fashion-mnist";
   std::string data_dir = data::kDefaultFashionMnistDir;
   std::string split = "test";
@@ -43,7 +46,8 @@ data::Dataset load_dataset(const PredictArgs& a) {
     const train::DataSplits splits = train::load_data(o);
     return (a.split == "train" ? splits.train : splits.test).take(a.limit);
   }
-  // Files: normalised as the --data source is (the training data's statistics).
+  // Files: normalised as the --data source is (the training data's statistics). A --model-file
+  // takes them as the default --model does: Fashion-MNIST's (1, 28, 28).
   const data::Dataset reference = o.data() == train::DataSource::kSynthetic
                                       ? data::make_synthetic(data::SyntheticOptions().size(1))
                                       : data::load_fashion_mnist(a.data_dir, data::Split::kTest);
@@ -52,28 +56,45 @@ data::Dataset load_dataset(const PredictArgs& a) {
       .take(a.limit);
 }
 
+// What predicts: --model with --weights, or the TorchScript --model-file.
+struct LoadedModel {
+  torch::nn::AnyModule module;
+  std::string name;  // the reference model's, or "TorchScript"
+  std::string file;
+  std::string kind;  // "state_dict", "checkpoint" or "torchscript"
+};
+
+LoadedModel load_model(const PredictArgs& a) {
+  TORCH_CHECK_VALUE(a.weights.empty() != a.model_file.empty(), "give --weights (for --model ", a.model,
+                    ") or --model-file (a TorchScript module), one of them");
+  if (!a.model_file.empty())
+    return {torch::nn::AnyModule(models::TorchScriptModule(a.model_file)), "TorchScript", a.model_file, "torchscript"};
+  auto model = models::make_model(a.model);
+  const exporting::WeightsSource source = exporting::load_weights(*model, a.model, a.weights);
+  return {torch::nn::AnyModule(model), a.model, a.weights, source.kind};
+}
+
 int run_predict(const PredictArgs& a) {
   TORCH_CHECK_VALUE(a.labels.empty() || !a.images.empty(), "--labels '", a.labels, "' needs --images");
   torch::set_num_threads(a.threads > 0 ? static_cast<int>(a.threads) : default_intra_op_threads());
-  auto model = models::make_model(a.model);
-  const exporting::WeightsSource source = exporting::load_weights(*model, a.model, a.weights);
+  const LoadedModel model = load_model(a);
   const data::Dataset dataset = load_dataset(a);
   auto options = infer::PredictorOptions().batch_size(a.batch_size);
   if (a.precision == "bf16") options.autocast(torch::kBFloat16);
-  infer::Predictor predictor(torch::nn::AnyModule(model), options);
+  infer::Predictor predictor(model.module, options);
   const auto report = exporting::predict(
       predictor, dataset, exporting::PredictOptions().batch_size(a.batch_size).warmup(a.warmup).labelled(
                               a.images.empty() || !a.labels.empty()));
   if (a.json) {
     nlohmann::json j = report.to_json();
-    j["model"] = a.model;
-    j["weights"] = a.weights;
-    j["weights_kind"] = source.kind;
+    j["model"] = model.name;
+    j[a.model_file.empty() ? "weights" : "model_file"] = model.file;
+    j["weights_kind"] = model.kind;
     j["precision"] = a.precision;
     j["threads"] = torch::get_num_threads();
     std::cout << j.dump() << std::endl;
   } else {
-    std::cout << a.model << " from " << source.kind << " '" << a.weights << "', " << a.precision << ", "
+    std::cout << model.name << " from " << model.kind << " '" << model.file << "', " << a.precision << ", "
               << torch::get_num_threads() << " thread(s), " << report.samples << " samples\n"
               << report.to_text();
   }
@@ -88,9 +109,15 @@ Command add_predict_command(CLI::App& app) {
   cmd->option_defaults()->always_capture_default();
   auto a = std::make_shared<PredictArgs>();
   const auto& models = models::model_names();
-  cmd->add_option("--model", a->model, "Reference model: " + c10::Join(", ", models))->check(CLI::IsMember(models));
-  cmd->add_option("--weights", a->weights, "Weights: a --save-model file, a checkpoint, or torch.save(model.state_dict())")
-      ->required();
+  auto* model = cmd->add_option("--model", a->model, "Reference model: " + c10::Join(", ", models))
+                    ->check(CLI::IsMember(models));
+  auto* weights = cmd->add_option("--weights", a->weights,
+                                  "Weights of --model: a --save-model file, a checkpoint, or torch.save(model.state_dict())");
+  cmd->add_option("--model-file", a->model_file,
+                  "Instead of --model and --weights: a TorchScript module (torch.jit.save) taking the images, "
+                  "(B, 1, 28, 28), and returning logits (B, classes)")
+      ->excludes(weights)
+      ->excludes(model);
   // Image data only: predict runs the image models (the text sources evaluated Fashion-MNIST).
   cmd->add_option("--data", a->data, "Dataset (synthetic: seeded random images)")
       ->check(CLI::IsMember({"fashion-mnist", "synthetic"}));

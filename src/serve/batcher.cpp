@@ -14,12 +14,27 @@ int64_t nanoseconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }
 
+// The batch's inputs: each input of the requests concatenated along dim 0 (a lone request's as
+// they are).
+Tensors concatenate(const std::vector<const Tensors*>& requests) {
+  if (requests.size() == 1) return *requests[0];
+  Tensors inputs;
+  for (size_t i = 0; i < requests[0]->size(); ++i) {
+    std::vector<torch::Tensor> parts;
+    parts.reserve(requests.size());
+    for (const Tensors* r : requests) parts.push_back(r->at(i));
+    inputs.push_back(torch::cat(parts));
+  }
+  return inputs;
+}
+
 }  // namespace
 
 Batcher::Batcher(std::vector<Instance> instances, BatcherOptions options, ModelStatistics& statistics)
     : instances_(std::move(instances)), options_(std::move(options)), statistics_(statistics) {
   TORCH_CHECK_VALUE(!instances_.empty(), "a batcher needs at least one model instance");
-  TORCH_CHECK_VALUE(options_.max_batch_size() >= 1, "max_batch_size ", options_.max_batch_size(), " must be at least 1");
+  TORCH_CHECK_VALUE(options_.max_batch_size() >= 0, "max_batch_size ", options_.max_batch_size(),
+                    " must be at least 0 (0: no batch dimension)");
   for (int64_t size : options_.preferred_batch_sizes())
     TORCH_CHECK_VALUE(size >= 1 && size <= options_.max_batch_size(), "preferred batch size ", size,
                       " must be between 1 and max_batch_size ", options_.max_batch_size());
@@ -33,12 +48,26 @@ Batcher::Batcher(std::vector<Instance> instances, BatcherOptions options, ModelS
 
 Batcher::~Batcher() { stop(); }
 
-std::future<torch::Tensor> Batcher::submit(torch::Tensor input) {
-  TORCH_CHECK_VALUE(input.dim() >= 1 && input.size(0) >= 1 && input.size(0) <= options_.max_batch_size(),
-                    "a request holds between 1 and max_batch_size ", options_.max_batch_size(), " samples, got shape ",
-                    input.sizes());
-  Pending p{std::move(input), Clock::now(), {}};
-  std::future<torch::Tensor> result = p.result.get_future();
+Batcher::Instance Batcher::one_tensor(std::function<torch::Tensor(const torch::Tensor&)> forward) {
+  return [forward = std::move(forward)](const Tensors& inputs) -> Tensors {
+    TORCH_CHECK(inputs.size() == 1, "the model takes one input, got ", inputs.size());
+    return {forward(inputs[0])};
+  };
+}
+
+std::future<Tensors> Batcher::submit(Tensors inputs) {
+  TORCH_CHECK_VALUE(!inputs.empty(), "a request holds at least one input");
+  int64_t samples = 1;
+  if (options_.max_batch_size() > 0) {
+    samples = inputs[0].dim() >= 1 ? inputs[0].size(0) : 0;
+    for (const torch::Tensor& input : inputs)
+      TORCH_CHECK_VALUE(input.dim() >= 1 && input.size(0) == samples && samples >= 1 &&
+                            samples <= options_.max_batch_size(),
+                        "a request's inputs hold the same number of samples, between 1 and max_batch_size ",
+                        options_.max_batch_size(), "; got shape ", input.sizes(), " beside ", inputs[0].sizes());
+  }
+  Pending p{std::move(inputs), samples, Clock::now(), {}};
+  std::future<Tensors> result = p.result.get_future();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) throw Unavailable("the server is shutting down");
@@ -90,15 +119,16 @@ std::vector<Batcher::Pending> Batcher::next_batch() {
     // are a preferred size. See Note [Dynamic batching].
     size_t fits = 0, fits_preferred = 0;
     int64_t samples = 0;
+    const bool batching = options_.dynamic_batching() && options_.max_batch_size() > 0;
     for (const Pending& p : queue_) {
-      if (samples + p.input.size(0) > options_.max_batch_size()) break;
-      samples += p.input.size(0);
+      if (batching && samples + p.samples > options_.max_batch_size()) break;
+      samples += p.samples;
       ++fits;
       if (std::count(preferred.begin(), preferred.end(), samples) > 0) fits_preferred = fits;
-      if (!options_.dynamic_batching()) break;
+      if (!batching) break;
     }
     size_t take = 0;
-    if (!options_.dynamic_batching() || stopping_ || fits < queue_.size() || samples == options_.max_batch_size() ||
+    if (!batching || stopping_ || fits < queue_.size() || samples == options_.max_batch_size() ||
         now - queue_.front().enqueued >= delay)
       take = fits;
     else if (fits_preferred > 0)
@@ -123,32 +153,38 @@ std::vector<Batcher::Pending> Batcher::next_batch() {
 
 void Batcher::run(Instance& instance, std::vector<Pending>& batch) {
   const Clock::time_point start = Clock::now();
-  int64_t queue_ns = 0;
-  std::vector<torch::Tensor> inputs;
-  inputs.reserve(batch.size());
+  int64_t queue_ns = 0, samples = 0;
+  std::vector<const Tensors*> requests;
+  requests.reserve(batch.size());
   for (const Pending& p : batch) {
     queue_ns += nanoseconds(start - p.enqueued);
-    inputs.push_back(p.input);
+    samples += p.samples;
+    requests.push_back(&p.inputs);
   }
   try {
-    const torch::Tensor input = inputs.size() == 1 ? inputs[0] : torch::cat(inputs);
+    const Tensors inputs = concatenate(requests);
     const Clock::time_point computed_input = Clock::now();
-    const torch::Tensor output = instance(input);
+    const Tensors outputs = instance(inputs);
     const Clock::time_point inferred = Clock::now();
-    TORCH_CHECK(output.dim() >= 1 && output.size(0) == input.size(0), "the model returned shape ", output.sizes(),
-                " for a batch of ", input.size(0), " samples");
-    std::vector<torch::Tensor> outputs;
-    outputs.reserve(batch.size());
-    int64_t offset = 0;
-    for (const Pending& p : batch) {
-      outputs.push_back(output.narrow(0, offset, p.input.size(0)));
-      offset += p.input.size(0);
+    std::vector<Tensors> results(batch.size());
+    if (options_.max_batch_size() == 0) {
+      results[0] = outputs;  // one request, no batch dimension
+    } else {
+      for (const torch::Tensor& output : outputs) {
+        TORCH_CHECK(output.dim() >= 1 && output.size(0) == samples, "the model returned shape ", output.sizes(),
+                    " for a batch of ", samples, " samples");
+        int64_t offset = 0;
+        for (size_t i = 0; i < batch.size(); ++i) {
+          results[i].push_back(output.narrow(0, offset, batch[i].samples));
+          offset += batch[i].samples;
+        }
+      }
     }
     // Recorded before any response goes out, so a client that has its answer sees it counted.
-    statistics_.record_batch(input.size(0), static_cast<int64_t>(batch.size()), queue_ns,
+    statistics_.record_batch(samples, static_cast<int64_t>(batch.size()), queue_ns,
                              nanoseconds(computed_input - start), nanoseconds(inferred - computed_input),
                              nanoseconds(Clock::now() - inferred));
-    for (size_t i = 0; i < batch.size(); ++i) batch[i].result.set_value(std::move(outputs[i]));
+    for (size_t i = 0; i < batch.size(); ++i) batch[i].result.set_value(std::move(results[i]));
   } catch (...) {
     for (Pending& p : batch) p.result.set_exception(std::current_exception());
   }

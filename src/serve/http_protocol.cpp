@@ -3,8 +3,8 @@
 #include <c10/util/StringUtil.h>
 #include <torch/torch.h>
 
-#include <charconv>
-#include <cmath>
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "json_scan.h"
@@ -17,17 +17,24 @@ using json_scan::ScannedBody;
 using json_scan::scan_body;
 
 constexpr int kBadRequest = 400;
-constexpr size_t kFp32Bytes = sizeof(float);
 
 [[noreturn]] void bad_request(const std::string& message) { throw HttpError(kBadRequest, message); }
 
 std::string shape_text(const std::vector<int64_t>& shape) { return "[" + c10::Join(", ", shape) + "]"; }
 
-// The shape a request's input must have, "[-1, 1, 28, 28]" (-1: 1 to max_batch_size samples).
-std::string expected_shape(const ModelConfig& config) {
-  std::vector<int64_t> shape{-1};
-  shape.insert(shape.end(), config.input.dims.begin(), config.input.dims.end());
-  return shape_text(shape) + " with at most " + std::to_string(config.max_batch_size) + " samples";
+// "'INPUT__0', 'INPUT__1'"
+std::string names_text(const std::vector<TensorSpec>& specs) {
+  std::vector<std::string> names;
+  for (const TensorSpec& t : specs) names.push_back("'" + t.name + "'");
+  return c10::Join(", ", names);
+}
+
+// The shape a request's input must have: "[-1, 1, 28, 28] with at most 8 samples" (-1: 1 to
+// max_batch_size samples), or "[3, 8]" without a batch dimension.
+std::string expected_shape(const ModelConfig& config, const TensorSpec& spec) {
+  const std::string shape = shape_text(request_shape(config, spec, -1));
+  return config.max_batch_size == 0 ? shape
+                                    : shape + " with at most " + std::to_string(config.max_batch_size) + " samples";
 }
 
 const nlohmann::json* member(const nlohmann::json& object, const char* key) {
@@ -47,50 +54,76 @@ void check_parameters(const nlohmann::json& object, const std::string& what, con
                   supported + "' there)");
 }
 
-bool bool_parameter(const nlohmann::json& object, const char* key) {
+std::optional<bool> bool_parameter(const nlohmann::json& object, const char* key) {
   const nlohmann::json* parameters = member(object, "parameters");
-  if (parameters == nullptr || !parameters->is_object()) return false;
+  if (parameters == nullptr || !parameters->is_object()) return std::nullopt;
   const nlohmann::json* value = member(*parameters, key);
-  if (value == nullptr) return false;
+  if (value == nullptr) return std::nullopt;
   if (!value->is_boolean()) bad_request(std::string("parameter '") + key + "' must be true or false, got " + value->dump());
   return value->get<bool>();
 }
 
+// How JSON writes a datatype's values: numbers (FP32, FP16, BF16), integers (INT64, INT32) or
+// true/false (BOOL).
+enum class JsonKind { kNumber, kInteger, kBoolean };
 
-// Appends the numbers of `data`, flat or nested to any depth, to `out`.
-void flatten(const nlohmann::json& data, std::vector<float>& out, const std::string& name, Layout& layout,
-             size_t depth = 0) {
-  if (data.is_number()) {
-    out.push_back(data.get<float>());
-    layout.number(depth);
-  } else if (data.is_array()) {
-    layout.arrays.emplace_back(depth + 1, data.size());
-    for (const nlohmann::json& item : data) flatten(item, out, name, layout, depth + 1);
-  } else {
-    bad_request("input '" + name + "' data holds " + std::string(data.type_name()) + " " +
-                data.dump().substr(0, 40) + "; FP32 data is numbers (a flat or nested array)");
-  }
+JsonKind json_kind(c10::ScalarType type) {
+  if (type == c10::kBool) return JsonKind::kBoolean;
+  return c10::isIntegralType(type, /*includeBool=*/false) ? JsonKind::kInteger : JsonKind::kNumber;
 }
 
-std::vector<int64_t> read_shape(const nlohmann::json& input, const std::string& name, const ModelConfig& config) {
+// The values of one input's "data", flat, read as its datatype's JSON kind (doubles hold FP32
+// numbers exactly as get<float> rounds them; int64 holds integers and booleans).
+struct Values {
+  std::vector<float> numbers;
+  std::vector<int64_t> integers;
+  Layout layout;
+};
+
+// Appends the values of `data`, flat or nested to any depth, to `out`.
+void flatten(const nlohmann::json& data, JsonKind kind, Values& out, const std::string& name,
+             const std::string& datatype, size_t depth = 0) {
+  if (data.is_array()) {
+    out.layout.arrays.emplace_back(depth + 1, data.size());
+    for (const nlohmann::json& item : data) flatten(item, kind, out, name, datatype, depth + 1);
+    return;
+  }
+  const char* expected = "numbers";
+  if (kind == JsonKind::kNumber && data.is_number()) {
+    out.numbers.push_back(data.get<float>());
+  } else if (kind == JsonKind::kInteger && data.is_number_integer() &&
+             !(data.is_number_unsigned() && data.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+    out.integers.push_back(data.get<int64_t>());
+  } else if (kind == JsonKind::kBoolean && data.is_boolean()) {
+    out.integers.push_back(data.get<bool>() ? 1 : 0);
+  } else {
+    expected = kind == JsonKind::kInteger ? "integers (within INT64)" : kind == JsonKind::kBoolean ? "true or false" : expected;
+    bad_request("input '" + name + "' data holds " + std::string(data.type_name()) + " " + data.dump().substr(0, 40) +
+                "; " + datatype + " data is " + expected + " (a flat or nested array)");
+  }
+  out.layout.number(depth);
+}
+
+std::vector<int64_t> read_shape(const nlohmann::json& input, const TensorSpec& spec, const ModelConfig& config) {
   const nlohmann::json* shape = member(input, "shape");
-  if (shape == nullptr || !shape->is_array()) bad_request("input '" + name + "' has no \"shape\" array");
+  if (shape == nullptr || !shape->is_array()) bad_request("input '" + spec.name + "' has no \"shape\" array");
   std::vector<int64_t> dims;
   for (const nlohmann::json& d : *shape) {
-    if (!d.is_number_integer()) bad_request("input '" + name + "' shape " + shape->dump() + " holds a non-integer");
+    if (!d.is_number_integer()) bad_request("input '" + spec.name + "' shape " + shape->dump() + " holds a non-integer");
     dims.push_back(d.get<int64_t>());
   }
-  const bool fits = dims.size() == config.input.dims.size() + 1 && dims[0] >= 1 && dims[0] <= config.max_batch_size &&
-                    std::equal(config.input.dims.begin(), config.input.dims.end(), dims.begin() + 1);
+  const bool batched = config.max_batch_size > 0;
+  const bool fits = batched ? dims.size() == spec.dims.size() + 1 && dims[0] >= 1 && dims[0] <= config.max_batch_size &&
+                                  std::equal(spec.dims.begin(), spec.dims.end(), dims.begin() + 1)
+                            : dims == spec.dims;
   if (!fits)
-    bad_request("input '" + name + "' has shape " + shape_text(dims) + "; model '" + config.name + "' takes " +
-                expected_shape(config));
+    bad_request("input '" + spec.name + "' has shape " + shape_text(dims) + "; model '" + config.name + "' takes " +
+                expected_shape(config, spec));
   return dims;
 }
 
-// Data is flat, or nested exactly as the shape; every number within FP32's range.
-void check_values(const std::vector<float>& values, const Layout& layout, const std::vector<int64_t>& shape,
-                  const std::string& name) {
+// Data is flat, or nested exactly as the shape, and has the shape's number of values.
+void check_layout(const Layout& layout, size_t values, const std::vector<int64_t>& shape, const std::string& name) {
   const bool flat = !layout.uneven && layout.number_depth <= 1 && layout.arrays.size() <= 1;
   bool as_shape = !layout.uneven && layout.number_depth == shape.size();
   for (const auto& [depth, length] : layout.arrays)
@@ -98,12 +131,118 @@ void check_values(const std::vector<float>& values, const Layout& layout, const 
   if (!flat && !as_shape)
     bad_request("input '" + name + "' data is nested unlike its shape " + shape_text(shape) +
                 "; send the values flat, or nested exactly as the shape");
-  for (size_t k = 0; k < values.size(); ++k)
-    if (!std::isfinite(values[k]))
-      bad_request("input '" + name + "' value " + std::to_string(k) + " is outside FP32's range (magnitude at most " +
-                  "3.4028235e38)");
+  const int64_t elements = c10::multiply_integers(shape);
+  if (static_cast<int64_t>(values) != elements)
+    bad_request("input '" + name + "' has " + std::to_string(values) + " values; shape " + shape_text(shape) +
+                " needs " + std::to_string(elements));
 }
 
+// `values` as a tensor of `spec`'s datatype, every value within its range.
+torch::Tensor typed_tensor(Values& values, const TensorSpec& spec, const std::vector<int64_t>& shape) {
+  const c10::ScalarType type = scalar_type(spec.datatype);
+  if (json_kind(type) == JsonKind::kNumber) {
+    const torch::Tensor t = torch::from_blob(values.numbers.data(), shape, torch::kFloat).to(type, false, true);
+    const torch::Tensor finite = torch::isfinite(t).flatten();
+    if (!finite.all().item<bool>()) {
+      const int64_t k = (~finite).nonzero()[0].item<int64_t>();
+      const char* max = type == torch::kHalf ? "65504" : type == torch::kBFloat16 ? "3.3895314e38" : "3.4028235e38";
+      bad_request("input '" + spec.name + "' value " + std::to_string(k) + " is outside " + spec.datatype +
+                  "'s range (magnitude at most " + max + ")");
+    }
+    return t;
+  }
+  if (type == torch::kInt)
+    for (size_t k = 0; k < values.integers.size(); ++k)
+      if (values.integers[k] < INT32_MIN || values.integers[k] > INT32_MAX)
+        bad_request("input '" + spec.name + "' value " + std::to_string(k) + ", " + std::to_string(values.integers[k]) +
+                    ", is outside INT32's range");
+  return torch::from_blob(values.integers.data(), shape, torch::kLong).to(type, false, true);
+}
+
+// Input `i` of the request, `spec`, read from its JSON data.
+torch::Tensor json_input(const nlohmann::json& input, size_t i, const TensorSpec& spec,
+                         const std::vector<int64_t>& shape, ScannedBody& scanned, const std::string& body) {
+  const nlohmann::json* data = member(input, "data");
+  if (data == nullptr) bad_request("input '" + spec.name + "' has neither \"data\" nor parameters.binary_data_size");
+  const JsonKind kind = json_kind(scalar_type(spec.datatype));
+  Values values;
+  const auto extracted = std::find(scanned.input_index.begin(), scanned.input_index.end(), i);
+  const size_t k = static_cast<size_t>(extracted - scanned.input_index.begin());
+  if (extracted != scanned.input_index.end() && data->is_null() && kind == JsonKind::kNumber) {
+    values.numbers = std::move(scanned.inputs[k]);  // read by scan_body
+    values.layout = std::move(scanned.layouts[k]);
+  } else if (extracted != scanned.input_index.end() && data->is_null()) {  // integers: read again, exactly
+    const auto [begin, end] = scanned.spans[k];
+    flatten(nlohmann::json::parse(body.begin() + static_cast<std::ptrdiff_t>(begin),
+                                  body.begin() + static_cast<std::ptrdiff_t>(end)),
+            kind, values, spec.name, spec.datatype);
+  } else {
+    flatten(*data, kind, values, spec.name, spec.datatype);
+  }
+  check_layout(values.layout, kind == JsonKind::kNumber ? values.numbers.size() : values.integers.size(), shape,
+               spec.name);
+  return typed_tensor(values, spec, shape);
+}
+
+// The bytes of binary data the request's inputs declare, in all.
+size_t declared_binary_bytes(const nlohmann::json& inputs) {
+  size_t total = 0;
+  for (const nlohmann::json& input : inputs) {
+    const nlohmann::json* parameters = input.is_object() ? member(input, "parameters") : nullptr;
+    const nlohmann::json* size = parameters != nullptr && parameters->is_object()
+                                     ? member(*parameters, "binary_data_size") : nullptr;
+    if (size != nullptr && size->is_number_unsigned()) total += size->get<size_t>();
+  }
+  return total;
+}
+
+// Input `spec`'s little-endian bytes at body[offset, offset + bytes); the JSON header is
+// body[0, json_bytes) and the inputs declare `declared` bytes after it.
+torch::Tensor binary_input(const nlohmann::json& size, const TensorSpec& spec, const std::vector<int64_t>& shape,
+                           const std::string& body, size_t json_bytes, size_t declared, size_t offset) {
+  if (!size.is_number_unsigned())
+    bad_request("input '" + spec.name + "' binary_data_size must be a byte count, got " + size.dump());
+  const c10::ScalarType type = scalar_type(spec.datatype);
+  const c10::ScalarType stored = type == torch::kBool ? torch::kByte : type;  // any nonzero byte is true
+  const size_t bytes = size.get<size_t>();
+  const size_t expected = static_cast<size_t>(c10::multiply_integers(shape)) * c10::elementSize(stored);
+  if (bytes != expected)
+    bad_request("input '" + spec.name + "' binary_data_size " + std::to_string(bytes) + " does not match shape " +
+                shape_text(shape) + " of " + spec.datatype + ", which is " + std::to_string(expected) + " bytes");
+  if (offset + bytes > body.size())
+    bad_request("the body holds " + std::to_string(body.size() - json_bytes) +
+                " bytes after the JSON header, but the inputs' binary_data_size add up to " + std::to_string(declared));
+  torch::Tensor t = torch::empty(shape, stored);
+  std::memcpy(t.data_ptr(), body.data() + offset, bytes);
+  return stored == type ? t : t.to(type);
+}
+
+// The request's "outputs": which of the config's outputs the response holds, and how.
+std::vector<RequestedOutput> requested_outputs(const nlohmann::json& j, const ModelConfig& config) {
+  check_parameters(j, "the request's", "binary_data_output");
+  const bool binary = bool_parameter(j, "binary_data_output").value_or(false);
+  std::vector<RequestedOutput> out;
+  const nlohmann::json* outputs = member(j, "outputs");
+  if (outputs == nullptr) {
+    for (size_t i = 0; i < config.outputs.size(); ++i) out.push_back({i, binary});
+    return out;
+  }
+  if (!outputs->is_array()) bad_request("\"outputs\" must be an array");
+  for (const nlohmann::json& output : *outputs) {
+    const nlohmann::json* name = output.is_object() ? member(output, "name") : nullptr;
+    const auto spec = std::find_if(config.outputs.begin(), config.outputs.end(),
+                                   [&](const TensorSpec& t) { return name != nullptr && *name == t.name; });
+    if (spec == config.outputs.end())
+      bad_request("unknown output " + (name == nullptr ? std::string("(no name)") : name->dump()) + "; model '" +
+                  config.name + "' returns " + names_text(config.outputs));
+    const size_t index = static_cast<size_t>(spec - config.outputs.begin());
+    for (const RequestedOutput& r : out)
+      if (r.index == index) bad_request("output '" + spec->name + "' is asked for twice");
+    check_parameters(output, "output '" + spec->name + "'", "binary_data");
+    out.push_back({index, bool_parameter(output, "binary_data").value_or(binary)});
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -133,100 +272,86 @@ InferRequest parse_infer_request(const std::string& body, std::optional<size_t> 
   }
   const nlohmann::json* inputs = member(j, "inputs");
   if (inputs == nullptr || !inputs->is_array() || inputs->empty())
-    bad_request("the request has no \"inputs\" array; model '" + config.name + "' takes input '" + config.input.name + "'");
-  if (inputs->size() != 1)
-    bad_request("the request has " + std::to_string(inputs->size()) + " inputs; model '" + config.name +
-                "' takes one, '" + config.input.name + "'");
-  const nlohmann::json& input = (*inputs)[0];
-  if (!input.is_object()) bad_request("each of \"inputs\" must be an object with name, shape, datatype and data");
-  const nlohmann::json* name = member(input, "name");
-  if (name == nullptr || !name->is_string()) bad_request("an input has no \"name\"");
-  if (*name != config.input.name)
-    bad_request("unknown input '" + name->get<std::string>() + "'; model '" + config.name + "' takes '" +
-                config.input.name + "'");
-  const std::string& input_name = config.input.name;
-  const nlohmann::json* datatype = member(input, "datatype");
-  if (datatype == nullptr || !datatype->is_string() || *datatype != config.input.datatype)
-    bad_request("input '" + input_name + "' has datatype " + (datatype == nullptr ? "(none)" : datatype->dump()) +
-                "; model '" + config.name + "' takes " + config.input.datatype);
-  const std::vector<int64_t> shape = read_shape(input, input_name, config);
-  int64_t elements = 1;
-  for (int64_t d : shape) elements *= d;
-
-  check_parameters(input, "input '" + input_name + "'", "binary_data_size");
-  request.input = torch::empty(shape, torch::kFloat);
-  const nlohmann::json* parameters = member(input, "parameters");
-  const nlohmann::json* binary_size = parameters != nullptr && parameters->is_object()
-                                          ? member(*parameters, "binary_data_size") : nullptr;
-  if (binary_size != nullptr) {
-    if (!header_length)
-      bad_request("input '" + input_name + "' has binary_data_size but the request has no Inference-Header-Content-Length header");
-    if (!binary_size->is_number_unsigned())
-      bad_request("input '" + input_name + "' binary_data_size must be a byte count, got " + binary_size->dump());
-    const size_t bytes = binary_size->get<size_t>();
-    const size_t expected = static_cast<size_t>(elements) * kFp32Bytes;
-    if (bytes != expected)
-      bad_request("input '" + input_name + "' binary_data_size " + std::to_string(bytes) + " does not match shape " +
-                  shape_text(shape) + " of FP32, which is " + std::to_string(expected) + " bytes");
-    if (body.size() - json_bytes != bytes)
-      bad_request("the body holds " + std::to_string(body.size() - json_bytes) +
-                  " bytes after the JSON header, but the inputs' binary_data_size add up to " + std::to_string(bytes));
-    std::memcpy(request.input.data_ptr<float>(), body.data() + json_bytes, bytes);
-  } else {
-    if (header_length && body.size() != json_bytes)
-      bad_request("the body holds " + std::to_string(body.size() - json_bytes) +
-                  " bytes after the JSON header, but no input has binary_data_size");
-    const nlohmann::json* data = member(input, "data");
-    if (data == nullptr) bad_request("input '" + input_name + "' has neither \"data\" nor parameters.binary_data_size");
-    std::vector<float> values;
-    Layout layout;
-    if (!scanned.inputs.empty() && scanned.input_index[0] == 0 && data->is_null()) {
-      values = std::move(scanned.inputs[0]);  // read by scan_body
-      layout = std::move(scanned.layouts[0]);
+    bad_request("the request has no \"inputs\" array; model '" + config.name + "' takes " + names_text(config.inputs));
+  request.inputs.resize(config.inputs.size());
+  size_t offset = json_bytes;  // of the next input's binary data
+  for (size_t i = 0; i < inputs->size(); ++i) {
+    const nlohmann::json& input = (*inputs)[i];
+    if (!input.is_object()) bad_request("each of \"inputs\" must be an object with name, shape, datatype and data");
+    const nlohmann::json* name = member(input, "name");
+    if (name == nullptr || !name->is_string()) bad_request("an input has no \"name\"");
+    const auto spec = std::find_if(config.inputs.begin(), config.inputs.end(),
+                                   [&](const TensorSpec& t) { return *name == t.name; });
+    if (spec == config.inputs.end())
+      bad_request("unknown input '" + name->get<std::string>() + "'; model '" + config.name + "' takes " +
+                  names_text(config.inputs));
+    torch::Tensor& tensor = request.inputs[static_cast<size_t>(spec - config.inputs.begin())];
+    if (tensor.defined()) bad_request("input '" + spec->name + "' is given twice");
+    const nlohmann::json* datatype = member(input, "datatype");
+    if (datatype == nullptr || !datatype->is_string() || *datatype != spec->datatype)
+      bad_request("input '" + spec->name + "' has datatype " + (datatype == nullptr ? "(none)" : datatype->dump()) +
+                  "; model '" + config.name + "' takes " + spec->datatype);
+    const std::vector<int64_t> shape = read_shape(input, *spec, config);
+    check_parameters(input, "input '" + spec->name + "'", "binary_data_size");
+    const nlohmann::json* parameters = member(input, "parameters");
+    const nlohmann::json* binary_size = parameters != nullptr ? member(*parameters, "binary_data_size") : nullptr;
+    if (binary_size == nullptr) {
+      tensor = json_input(input, i, *spec, shape, scanned, body);
     } else {
-      values.reserve(static_cast<size_t>(elements));
-      flatten(*data, values, input_name, layout);
-    }
-    check_values(values, layout, shape, input_name);
-    if (static_cast<int64_t>(values.size()) != elements)
-      bad_request("input '" + input_name + "' has " + std::to_string(values.size()) + " values; shape " +
-                  shape_text(shape) + " needs " + std::to_string(elements));
-    std::memcpy(request.input.data_ptr<float>(), values.data(), values.size() * kFp32Bytes);
-  }
-
-  check_parameters(j, "the request's", "binary_data_output");
-  request.binary_output = bool_parameter(j, "binary_data_output");
-  if (const nlohmann::json* outputs = member(j, "outputs")) {
-    if (!outputs->is_array()) bad_request("\"outputs\" must be an array");
-    for (const nlohmann::json& output : *outputs) {
-      const nlohmann::json* out_name = output.is_object() ? member(output, "name") : nullptr;
-      if (out_name == nullptr || *out_name != config.output.name)
-        bad_request("unknown output " + (out_name == nullptr ? std::string("(no name)") : out_name->dump()) +
-                    "; model '" + config.name + "' returns '" + config.output.name + "'");
-      check_parameters(output, "output '" + config.output.name + "'", "binary_data");
-      request.binary_output = bool_parameter(output, "binary_data") || request.binary_output;
+      if (!header_length)
+        bad_request("input '" + spec->name + "' has binary_data_size but the request has no Inference-Header-Content-Length header");
+      tensor = binary_input(*binary_size, *spec, shape, body, json_bytes, declared_binary_bytes(*inputs), offset);
+      offset += static_cast<size_t>(tensor.numel()) * c10::elementSize(tensor.scalar_type());
     }
   }
+  if (offset != body.size())
+    bad_request("the body holds " + std::to_string(body.size() - json_bytes) + " bytes after the JSON header, but " +
+                (offset == json_bytes ? std::string("no input has binary_data_size")
+                                      : "the inputs' binary_data_size add up to " + std::to_string(offset - json_bytes)));
+  for (size_t i = 0; i < config.inputs.size(); ++i) {
+    if (!request.inputs[i].defined())
+      bad_request("the request lacks input '" + config.inputs[i].name + "'; model '" + config.name + "' takes " +
+                  names_text(config.inputs));
+    if (config.max_batch_size > 0 && request.inputs[i].size(0) != request.inputs[0].size(0))
+      bad_request("input '" + config.inputs[i].name + "' has " + std::to_string(request.inputs[i].size(0)) +
+                  " samples but input '" + config.inputs[0].name + "' has " + std::to_string(request.inputs[0].size(0)) +
+                  "; every input of a request holds the same number of samples");
+  }
+  request.outputs = requested_outputs(j, config);
   return request;
 }
 
 InferResponse make_infer_response(const InferRequest& request, const ModelConfig& config, int64_t version,
-                                  const torch::Tensor& output) {
-  const torch::Tensor values = output.to(torch::kFloat).contiguous();
-  nlohmann::json out{{"name", config.output.name}, {"datatype", config.output.datatype}, {"shape", values.sizes().vec()}};
-  const size_t bytes = static_cast<size_t>(values.numel()) * kFp32Bytes;
-  if (request.binary_output) {
-    out["parameters"] = {{"binary_data_size", bytes}};
-  } else {
-    const float* p = values.data_ptr<float>();
-    out["data"] = std::vector<float>(p, p + values.numel());
+                                  const Tensors& outputs) {
+  nlohmann::json list = nlohmann::json::array();
+  std::string binary;
+  for (const RequestedOutput& r : request.outputs) {
+    const TensorSpec& spec = config.outputs.at(r.index);
+    const torch::Tensor values = outputs.at(r.index).to(scalar_type(spec.datatype)).contiguous();
+    nlohmann::json out{{"name", spec.name}, {"datatype", spec.datatype}, {"shape", values.sizes().vec()}};
+    if (r.binary) {
+      const size_t bytes = static_cast<size_t>(values.nbytes());
+      out["parameters"] = {{"binary_data_size", bytes}};
+      binary.append(static_cast<const char*>(values.data_ptr()), bytes);
+    } else if (json_kind(values.scalar_type()) == JsonKind::kNumber) {
+      const torch::Tensor v = values.to(torch::kFloat);
+      out["data"] = std::vector<float>(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+    } else if (values.scalar_type() == torch::kBool) {
+      out["data"] = std::vector<bool>(values.data_ptr<bool>(), values.data_ptr<bool>() + values.numel());
+    } else {
+      const torch::Tensor v = values.to(torch::kLong);
+      out["data"] = std::vector<int64_t>(v.data_ptr<int64_t>(), v.data_ptr<int64_t>() + v.numel());
+    }
+    list.push_back(std::move(out));
   }
-  nlohmann::json j{{"model_name", config.name}, {"model_version", std::to_string(version)}, {"outputs", {out}}};
+  nlohmann::json j{{"model_name", config.name}, {"model_version", std::to_string(version)}, {"outputs", list}};
   if (!request.id.empty()) j["id"] = request.id;
   InferResponse response{j.dump(), "application/json", std::nullopt};
-  if (request.binary_output) {
+  const bool any_binary = std::any_of(request.outputs.begin(), request.outputs.end(),
+                                      [](const RequestedOutput& r) { return r.binary; });
+  if (any_binary) {
     response.header_length = response.body.size();
-    response.body.append(reinterpret_cast<const char*>(values.data_ptr<float>()), bytes);
+    response.body += binary;
     response.content_type = "application/octet-stream";
   }
   return response;
@@ -237,10 +362,11 @@ nlohmann::json server_metadata() {
 }
 
 nlohmann::json model_metadata(const ModelConfig& config, const std::vector<int64_t>& versions) {
-  auto tensor = [](const TensorSpec& t) {
-    std::vector<int64_t> shape{-1};
-    shape.insert(shape.end(), t.dims.begin(), t.dims.end());
-    return nlohmann::json{{"name", t.name}, {"datatype", t.datatype}, {"shape", shape}};
+  auto tensors = [&config](const std::vector<TensorSpec>& specs) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const TensorSpec& t : specs)
+      list.push_back({{"name", t.name}, {"datatype", t.datatype}, {"shape", request_shape(config, t, -1)}});
+    return list;
   };
   std::vector<std::string> names;
   for (int64_t v : versions) names.push_back(std::to_string(v));
@@ -248,8 +374,8 @@ nlohmann::json model_metadata(const ModelConfig& config, const std::vector<int64
           {"versions", names},
           {"platform", config.format == ModelFormat::kTorchScript ? std::string("pytorch_libtorch")
                                                                   : "lockstep_" + config.architecture},
-          {"inputs", {tensor(config.input)}},
-          {"outputs", {tensor(config.output)}}};
+          {"inputs", tensors(config.inputs)},
+          {"outputs", tensors(config.outputs)}};
 }
 
 std::string error_body(const std::string& message) {

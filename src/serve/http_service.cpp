@@ -130,8 +130,8 @@ http::Response infer(const Target& t, const http::Request& req) {
   try {
     const ModelConfig& config = *t.model->config;
     const InferRequest request = parse_infer_request(req.body, header_length(req), config);
-    const torch::Tensor output = t.version->batcher->submit(request.input).get();
-    const InferResponse response = make_infer_response(request, config, t.version->version, output);
+    const Tensors outputs = t.version->batcher->submit(request.inputs).get();
+    const InferResponse response = make_infer_response(request, config, t.version->version, outputs);
     http::Response r;
     r.content_type = response.content_type;
     r.body = std::move(response.body);

@@ -120,6 +120,7 @@ ScannedBody scan_body(const char* text, size_t n) {
         scanned.inputs.push_back(std::move(values));
         scanned.layouts.push_back(std::move(layout));
         scanned.input_index.push_back(stack[1].index);
+        scanned.spans.emplace_back(i, end);
         copied = i = end;
         continue;
       }

@@ -33,12 +33,14 @@ struct Layout {
 // copy of the JSON that the DOM parser then reads. Anything else in that place (a string, a
 // number JSON does not allow, one out of double's range) is left in the text, so the DOM parser and
 // flatten() report it as before (a parse error is reported from the body as sent): the fast path
-// changes speed, never a result or a message.
+// changes speed, never a result or a message. Integer inputs, which a float cannot hold exactly,
+// are read again from their span of the body.
 struct ScannedBody {
   std::string json;                         // the body with each extracted data array as null
   std::vector<std::vector<float>> inputs;   // inputs[i].data for the i-th extracted input
   std::vector<Layout> layouts;              // how each was nested
   std::vector<size_t> input_index;          // which input each extracted array belongs to
+  std::vector<std::pair<size_t, size_t>> spans;  // where each is in the body: [begin, end) bytes
 };
 
 // See Note [Reading tensor data without a JSON DOM]. Malformed JSON is copied as it is, for the

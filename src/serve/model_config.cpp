@@ -41,11 +41,44 @@ std::string kserve_datatype(proto::DataType type) {
 
 std::string dims_text(const std::vector<int64_t>& dims) { return "[" + c10::Join(", ", dims) + "]"; }
 
-TensorSpec tensor_spec(const proto::Tensor& t, const char* field, const std::string& source) {
-  TORCH_CHECK_VALUE(!t.name().empty(), source, ": an ", field, " has no name");
-  TORCH_CHECK_VALUE(t.data_type() == proto::TYPE_FP32, source, ": ", field, " '", t.name(), "' has data_type ",
-                    proto::DataType_Name(t.data_type()), "; lockstep serves TYPE_FP32 inputs and outputs");
-  return {t.name(), kserve_datatype(t.data_type()), {t.dims().begin(), t.dims().end()}};
+// The served datatypes' dtypes, in served_datatypes()'s order.
+const std::vector<c10::ScalarType>& served_scalar_types() {
+  static const std::vector<c10::ScalarType> types{c10::kFloat, c10::kHalf, c10::kBFloat16,
+                                                  c10::kLong,  c10::kInt,  c10::kBool};
+  return types;
+}
+
+// `what` is "input" or "output"; a reference model's tensors are FP32 (`fp32_only`).
+TensorSpec tensor_spec(const proto::Tensor& t, const char* what, const std::string& source, bool fp32_only) {
+  TORCH_CHECK_VALUE(!t.name().empty(), source, ": an ", what, " has no name");
+  const std::string datatype = kserve_datatype(t.data_type());
+  const auto& served = served_datatypes();
+  if (fp32_only)
+    TORCH_CHECK_VALUE(datatype == "FP32", source, ": ", what, " '", t.name(), "' has data_type ",
+                      proto::DataType_Name(t.data_type()), "; lockstep's reference models take and return TYPE_FP32");
+  TORCH_CHECK_VALUE(std::count(served.begin(), served.end(), datatype) == 1, source, ": ", what, " '", t.name(),
+                    "' has data_type ", proto::DataType_Name(t.data_type()), "; lockstep serves TYPE_",
+                    c10::Join(", TYPE_", served));
+  return {t.name(), datatype, {t.dims().begin(), t.dims().end()}};
+}
+
+// A TorchScript model's inputs or outputs: at least one, distinct names, sizes of at least 1.
+std::vector<TensorSpec> tensor_specs(const google::protobuf::RepeatedPtrField<proto::Tensor>& list, const char* what,
+                                     const std::string& source) {
+  TORCH_CHECK_VALUE(!list.empty(), source, ": no ", what, "; list the module's ", what,
+                    "s, e.g. ", what, " [ { name: \"", what == std::string("input") ? "INPUT__0" : "OUTPUT__0",
+                    "\" data_type: TYPE_FP32 dims: [ 16 ] } ]");
+  std::vector<TensorSpec> specs;
+  for (const proto::Tensor& t : list) {
+    specs.push_back(tensor_spec(t, what, source, /*fp32_only=*/false));
+    const TensorSpec& spec = specs.back();
+    for (size_t i = 0; i + 1 < specs.size(); ++i)
+      TORCH_CHECK_VALUE(specs[i].name != spec.name, source, ": two ", what, "s are named '", spec.name, "'");
+    TORCH_CHECK_VALUE(!spec.dims.empty() && std::all_of(spec.dims.begin(), spec.dims.end(), [](int64_t d) { return d >= 1; }),
+                      source, ": ", what, " '", spec.name, "' dims ", dims_text(spec.dims),
+                      " must be sizes of at least 1 (variable sizes, -1, are not served)");
+  }
+  return specs;
 }
 
 // dynamic_batching, instance_group and version_policy, the same for every format.
@@ -94,29 +127,43 @@ const std::set<std::string> kPyTorchBackendParameters{
     "ENABLE_CACHE_CLEANING", "ENABLE_JIT_EXECUTOR", "ENABLE_JIT_PROFILING", "ENABLE_NVFUSER",
     "ENABLE_TENSOR_FUSER", "INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT"};
 
-// Triton's PyTorch backend: the module's own inputs and outputs, named in the config (INPUT__0,
-// OUTPUT__0 by Triton's convention). So far one FP32 input and one FP32 output with a batch
-// dimension (issue 30 adds several, other types and max_batch_size 0).
+// Triton's PyTorch backend: the module's own inputs and outputs, as the config names and types
+// them; which forward argument and which returned tensor each is, is settled against the module
+// when it loads (Note [TorchScript inputs and outputs]). max_batch_size 0: no batch dimension.
 ModelConfig torchscript_config(const proto::ModelConfig& p, ModelConfig c, const std::string& source) {
   c.format = ModelFormat::kTorchScript;
   for (const auto& item : p.parameters())
     TORCH_CHECK_VALUE(kPyTorchBackendParameters.count(item.first) == 1, source, ": unknown parameter '", item.first,
                       "' for the PyTorch backend; lockstep accepts ", c10::Join(", ", kPyTorchBackendParameters));
-  TORCH_CHECK_VALUE(p.max_batch_size() >= 1, source, ": max_batch_size ", p.max_batch_size(),
-                    " must be at least 1 (a model without a batch dimension is not served yet)");
+  TORCH_CHECK_VALUE(p.max_batch_size() >= 0, source, ": max_batch_size ", p.max_batch_size(),
+                    " must be at least 0 (0: the model has no batch dimension)");
   c.max_batch_size = p.max_batch_size();
-  TORCH_CHECK_VALUE(p.input_size() == 1 && p.output_size() == 1, source, ": ", p.input_size(), " input(s) and ",
-                    p.output_size(), " output(s); a TorchScript model is served with one of each so far");
-  c.input = tensor_spec(p.input(0), "input", source);
-  c.output = tensor_spec(p.output(0), "output", source);
-  for (const TensorSpec* t : {&c.input, &c.output})
-    TORCH_CHECK_VALUE(!t->dims.empty() && std::all_of(t->dims.begin(), t->dims.end(), [](int64_t d) { return d >= 1; }),
-                      source, ": '", t->name, "' dims ", dims_text(t->dims), " must be sizes of at least 1");
+  c.inputs = tensor_specs(p.input(), "input", source);
+  c.outputs = tensor_specs(p.output(), "output", source);
   read_scheduling(p, c, source);
   return c;
 }
 
 }  // namespace
+
+const std::vector<std::string>& served_datatypes() {
+  static const std::vector<std::string> names{"FP32", "FP16", "BF16", "INT64", "INT32", "BOOL"};
+  return names;
+}
+
+c10::ScalarType scalar_type(const std::string& datatype) {
+  const auto& names = served_datatypes();
+  const auto at = std::find(names.begin(), names.end(), datatype);
+  TORCH_CHECK_VALUE(at != names.end(), "datatype '", datatype, "' is not served; choose ", c10::Join(", ", names));
+  return served_scalar_types()[static_cast<size_t>(at - names.begin())];
+}
+
+std::vector<int64_t> request_shape(const ModelConfig& config, const TensorSpec& spec, int64_t samples) {
+  if (config.max_batch_size == 0) return spec.dims;
+  std::vector<int64_t> shape{samples};
+  shape.insert(shape.end(), spec.dims.begin(), spec.dims.end());
+  return shape;
+}
 
 ModelConfig default_model_config(const std::string& architecture, int64_t instance_count) {
   models::check_model_name(architecture);
@@ -125,8 +172,8 @@ ModelConfig default_model_config(const std::string& architecture, int64_t instan
   ModelConfig c;
   c.name = architecture;
   c.architecture = architecture;
-  c.input.dims = models::input_shape(architecture);
-  c.output.dims = {kDefaultNumClasses};
+  c.inputs.at(0).dims = models::input_shape(architecture);
+  c.outputs.at(0).dims = {kDefaultNumClasses};
   c.instance_count = instance_count;
   return c;
 }
@@ -161,13 +208,13 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
   c.max_batch_size = p.max_batch_size();
   TORCH_CHECK_VALUE(p.input_size() == 1 && p.output_size() == 1, source, ": ", p.input_size(), " input(s) and ",
                     p.output_size(), " output(s); a reference model has exactly one of each");
-  c.input = tensor_spec(p.input(0), "input", source);
-  c.output = tensor_spec(p.output(0), "output", source);
+  const TensorSpec& input = c.inputs.at(0) = tensor_spec(p.input(0), "input", source, /*fp32_only=*/true);
+  const TensorSpec& output = c.outputs.at(0) = tensor_spec(p.output(0), "output", source, /*fp32_only=*/true);
   const std::vector<int64_t> shape = models::input_shape(c.architecture);
-  TORCH_CHECK_VALUE(c.input.dims == shape, source, ": input '", c.input.name, "' dims ", dims_text(c.input.dims),
+  TORCH_CHECK_VALUE(input.dims == shape, source, ": input '", input.name, "' dims ", dims_text(input.dims),
                     " do not fit a ", c.architecture, ", which takes ", dims_text(shape), " per sample");
-  TORCH_CHECK_VALUE(c.output.dims.size() == 1 && c.output.dims[0] >= 2, source, ": output '", c.output.name,
-                    "' dims ", dims_text(c.output.dims), " must be [classes], e.g. [10]");
+  TORCH_CHECK_VALUE(output.dims.size() == 1 && output.dims[0] >= 2, source, ": output '", output.name,
+                    "' dims ", dims_text(output.dims), " must be [classes], e.g. [10]");
   read_scheduling(p, c, source);
   return c;
 }

@@ -11,8 +11,8 @@
 #include "lockstep/core/process.h"
 #include "lockstep/export/weights_file.h"
 #include "lockstep/infer/predictor.h"
-#include "lockstep/models/torchscript_module.h"
 #include "lockstep/models/zoo.h"
+#include "torchscript_instance.h"
 
 namespace lockstep::serve {
 namespace fs = std::filesystem;
@@ -29,44 +29,54 @@ std::optional<int64_t> version_number(const std::string& name) {
   return std::stoll(name);
 }
 
-// A TorchScript module (torch.jit.save) run as Triton's PyTorch backend runs it: eval mode, no
-// autograd, the input tensor as forward's one argument and a tensor back.
-Batcher::Instance torchscript_instance(const std::string& file) {
-  auto module = std::make_shared<models::TorchScriptModuleImpl>(file);
-  module->eval();
-  return [module](const torch::Tensor& input) {
-    torch::InferenceMode guard;
-    return module->forward(input);
-  };
+// "INPUT__0 [1, 16] TYPE_FP32" for each of `specs`, as a request of one sample has them.
+std::string shapes_text(const ModelConfig& config, const std::vector<TensorSpec>& specs) {
+  std::vector<std::string> items;
+  for (const TensorSpec& t : specs)
+    items.push_back("'" + t.name + "' " + c10::str(c10::IntArrayRef(request_shape(config, t, 1))) + " TYPE_" + t.datatype);
+  return c10::Join(", ", items);
 }
 
-// One instance: its own module with the weights of `weights` (see Note [Intra-op threads of
-// instances]), checked with one forward of a zero sample.
-Batcher::Instance load_instance(const ModelConfig& config, const std::string& weights) {
+// The last line of `text` that is not empty.
+std::string last_line(std::string text) {
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text.substr(text.rfind('\n') + 1);  // npos + 1: from the start
+}
+
+// One instance: its own module loaded from `file` (see Note [Intra-op threads of instances]),
+// checked with one forward of a zero sample of each input as config.pbtxt declares it.
+Batcher::Instance load_instance(const ModelConfig& config, const std::string& file) {
   Batcher::Instance instance;
   if (config.format == ModelFormat::kTorchScript) {
-    instance = torchscript_instance(weights);
+    instance = torchscript_instance(config, file);
   } else {
-    auto model = models::make_model(config.architecture, config.output.dims.at(0));
-    exporting::load_weights(*model, config.architecture, weights);
+    auto model = models::make_model(config.architecture, config.outputs.at(0).dims.at(0));
+    exporting::load_weights(*model, config.architecture, file);
     auto predictor = std::make_shared<infer::Predictor>(torch::nn::AnyModule(model));
-    instance = [predictor](const torch::Tensor& input) { return predictor->forward(input); };
+    instance = Batcher::one_tensor([predictor](const torch::Tensor& input) { return predictor->forward(input); });
   }
-  std::vector<int64_t> shape{1};
-  shape.insert(shape.end(), config.input.dims.begin(), config.input.dims.end());
-  torch::Tensor out;
+  Tensors zeros;
+  for (const TensorSpec& t : config.inputs)
+    zeros.push_back(torch::zeros(request_shape(config, t, 1), torch::dtype(scalar_type(t.datatype))));
+  Tensors out;
   try {
-    out = instance(torch::zeros(shape));
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "model '", config.name, "' ('", weights, "') fails on a zero input of shape ",
-                c10::IntArrayRef(shape), " (input '", config.input.name, "' dims as config.pbtxt declares them): ",
-                e.what_without_backtrace());
+    out = instance(zeros);
+  } catch (const std::exception& e) {
+    // A c10::Error without its C++ backtrace; the TorchScript interpreter's error is the script's
+    // traceback with the error itself on the last line.
+    const auto* error = dynamic_cast<const c10::Error*>(&e);
+    TORCH_CHECK(false, "model '", config.name, "' ('", file, "') fails on zero inputs as config.pbtxt declares them (",
+                shapes_text(config, config.inputs), "): ",
+                error != nullptr ? error->what_without_backtrace() : last_line(e.what()));
   }
-  std::vector<int64_t> expected{1};
-  expected.insert(expected.end(), config.output.dims.begin(), config.output.dims.end());
-  TORCH_CHECK(out.sizes() == c10::IntArrayRef(expected), "model '", config.name, "' returns shape ", out.sizes(),
-              " for one sample, not the ", c10::IntArrayRef(expected), " its output '", config.output.name,
-              "' declares");
+  TORCH_CHECK(out.size() == config.outputs.size(), "model '", config.name, "' ('", file, "') returns ", out.size(),
+              " output(s) where config.pbtxt declares ", config.outputs.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    const std::vector<int64_t> expected = request_shape(config, config.outputs[i], 1);
+    TORCH_CHECK(out[i].sizes() == c10::IntArrayRef(expected), "model '", config.name, "' ('", file, "') returns shape ",
+                out[i].sizes(), " for output '", config.outputs[i].name, "' on one sample, not the ",
+                c10::IntArrayRef(expected), " config.pbtxt declares (outputs ", shapes_text(config, config.outputs), ")");
+  }
   return instance;
 }
 

@@ -8,12 +8,15 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <iostream>
 
+#include "../python_script.h"
 #include "../test_util.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/export/weights_file.h"
 #include "lockstep/infer/predictor.h"
 #include "lockstep/models/state_dict.h"
+#include "lockstep/models/torchscript_module.h"
 #include "lockstep/models/zoo.h"
 
 namespace lockstep {
@@ -56,6 +59,37 @@ TEST(Predict, ConfusionMatrixCountsTrueAgainstPredictedClasses) {
   const std::vector<std::vector<int64_t>> expected{{1, 1, 0}, {0, 1, 1}, {1, 0, 1}};
   EXPECT_EQ(report.confusion, expected);
   EXPECT_EQ(report.timed_batches, 1);
+}
+
+// `lockstep predict --model-file`: a TorchScript classifier scripted in Python predicts on the same
+// images as --model does, and its accuracy and confusion are the Predictor's own over the module.
+TEST(PredictModelFile, ATorchScriptModuleFromPythonPredictsAsThePredictorDoes) {
+  testing::TempDir dir;
+  const auto made = testing::run_python_script("torchscript_serving_models.py", dir.path());
+  if (!made) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  ASSERT_EQ(made->exit_code, 0) << made->output;
+  const std::string file = dir / "image_classifier.pt";
+  const auto r = testing::run_command(kCli + " predict --model-file " + file + " --limit 500 --batch-size 50 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(testing::last_json_line(r.output));
+  EXPECT_EQ(j["model"], "TorchScript");
+  EXPECT_EQ(j["model_file"], file);
+  EXPECT_EQ(j["samples"], 500);
+  infer::Predictor predictor(torch::nn::AnyModule(models::TorchScriptModule(file)),
+                             infer::PredictorOptions().batch_size(50));
+  const double expected = predictor.evaluate(data::load_fashion_mnist(kData, data::Split::kTest).take(500));
+  std::cout << "[ measured ] predict --model-file accuracy " << j["accuracy"] << ", the Predictor's " << expected << "\n";
+  EXPECT_DOUBLE_EQ(j["accuracy"].get<double>(), expected);
+
+  const auto state_dict = testing::run_command(kCli + " predict --model-file " + (dir / "io.json") + " --limit 10");
+  EXPECT_NE(state_dict.exit_code, 0);
+  EXPECT_THAT(state_dict.output, HasSubstr("'" + (dir / "io.json") + "' is not a TorchScript module"));
+  const auto both = testing::run_command(kCli + " predict --model-file " + file + " --weights " + file);
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_THAT(both.output, HasSubstr("excludes"));
+  const auto neither = testing::run_command(kCli + " predict --limit 10");
+  EXPECT_NE(neither.exit_code, 0);
+  EXPECT_THAT(neither.output, HasSubstr("give --weights (for --model convnet) or --model-file"));
 }
 
 class PredictCli : public ::testing::Test {

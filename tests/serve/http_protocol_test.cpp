@@ -20,7 +20,7 @@ using ::testing::HasSubstr;
 
 serve::ModelConfig small_config() {
   serve::ModelConfig c = serve::default_model_config("convnet");
-  c.input.dims = {1, 2, 2};  // small tensors for readable requests; parsing only reads the config
+  c.inputs[0].dims = {1, 2, 2};  // small tensors for readable requests; parsing only reads the config
   c.max_batch_size = 4;
   return c;
 }
@@ -34,10 +34,12 @@ TEST(HttpProtocol, FlatAndNestedJsonDataGiveTheSameTensor) {
       R"({"inputs":[{"name":"input","shape":[2,1,2,2],"datatype":"FP32","data":[[[[1,2],[3,4]]],[[[5,6],[7,8.5]]]]}]})",
       std::nullopt, config);
   EXPECT_EQ(flat.id, "a1");
-  EXPECT_EQ(flat.input.sizes(), torch::IntArrayRef({2, 1, 2, 2}));
-  EXPECT_TRUE(torch::equal(flat.input, nested.input));
-  EXPECT_FLOAT_EQ(flat.input[1][0][1][1].item<float>(), 8.5f);
-  EXPECT_FALSE(flat.binary_output);
+  ASSERT_EQ(flat.inputs.size(), 1u);
+  EXPECT_EQ(flat.inputs[0].sizes(), torch::IntArrayRef({2, 1, 2, 2}));
+  EXPECT_TRUE(torch::equal(flat.inputs[0], nested.inputs[0]));
+  EXPECT_FLOAT_EQ(flat.inputs[0][1][0][1][1].item<float>(), 8.5f);
+  ASSERT_EQ(flat.outputs.size(), 1u);  // every output, as JSON
+  EXPECT_FALSE(flat.outputs[0].binary);
 }
 
 // The numbers of a request's data as a JSON DOM reads them: nlohmann's parse, then get<float>.
@@ -58,7 +60,7 @@ std::vector<float> dom_values(const std::string& body) {
 // nested arrays with any whitespace, gives the bits the DOM gives.
 TEST(HttpProtocol, DataReadWithoutADomHasTheDomsBitsForEveryNumberSpelling) {
   serve::ModelConfig config = small_config();
-  config.input.dims = {1, 8, 8};
+  config.inputs[0].dims = {1, 8, 8};
   std::mt19937_64 rng(7);
   // Spellings to parse, not results of training: strtod and the DOM round them by IEEE-754 rules,
   // the same on every x86-64 CPU.
@@ -92,8 +94,8 @@ TEST(HttpProtocol, DataReadWithoutADomHasTheDomsBitsForEveryNumberSpelling) {
     const std::vector<float> expected = dom_values(body);
     ASSERT_EQ(expected.size(), numbers.size());
     const auto r = serve::parse_infer_request(body, std::nullopt, config);
-    ASSERT_EQ(r.input.numel(), static_cast<int64_t>(expected.size()));
-    const float* got = r.input.data_ptr<float>();
+    ASSERT_EQ(r.inputs.at(0).numel(), static_cast<int64_t>(expected.size()));
+    const float* got = r.inputs[0].data_ptr<float>();
     for (size_t i = 0; i < expected.size(); ++i)
       EXPECT_EQ(std::memcmp(got + i, &expected[i], sizeof(float)), 0)
           << "number " << i << " '" << numbers[i] << "': read " << got[i] << ", the DOM gives " << expected[i];
@@ -111,16 +113,17 @@ TEST(HttpProtocol, BinaryTensorDataFollowsTheJsonHeader) {
       R"({"inputs":[{"name":"input","shape":[1,1,2,2],"datatype":"FP32","parameters":{"binary_data_size":16}}],)"
       R"("outputs":[{"name":"logits","parameters":{"binary_data":true}}]})";
   const auto r = serve::parse_infer_request(binary_body(header, {0.5f, -1, 2, 3.25f}), header.size(), small_config());
-  EXPECT_TRUE(torch::equal(r.input, torch::tensor({0.5f, -1.0f, 2.0f, 3.25f}).reshape({1, 1, 2, 2})));
-  EXPECT_TRUE(r.binary_output);
+  EXPECT_TRUE(torch::equal(r.inputs.at(0), torch::tensor({0.5f, -1.0f, 2.0f, 3.25f}).reshape({1, 1, 2, 2})));
+  ASSERT_EQ(r.outputs.size(), 1u);
+  EXPECT_TRUE(r.outputs[0].binary);
 }
 
 TEST(HttpProtocol, BinaryResponseIsTheJsonHeaderThenTheFloats) {
   serve::InferRequest request;
-  request.binary_output = true;
+  request.outputs = {{0, /*binary=*/true}};
   request.id = "x";
   const torch::Tensor logits = torch::arange(20, torch::kFloat).reshape({2, 10}) / 4;
-  const auto response = serve::make_infer_response(request, small_config(), 3, logits);
+  const auto response = serve::make_infer_response(request, small_config(), 3, {logits});
   ASSERT_TRUE(response.header_length.has_value());
   const auto header = nlohmann::json::parse(response.body.substr(0, *response.header_length));
   EXPECT_EQ(header["model_version"], "3");
@@ -135,7 +138,9 @@ TEST(HttpProtocol, BinaryResponseIsTheJsonHeaderThenTheFloats) {
 
 TEST(HttpProtocol, JsonResponseCarriesTheLogitsAsNumbers) {
   const torch::Tensor logits = torch::tensor({{0.1f, -2.5f, 1e-7f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f}});
-  const auto response = serve::make_infer_response({}, small_config(), 1, logits);
+  serve::InferRequest request;
+  request.outputs = {{0, /*binary=*/false}};
+  const auto response = serve::make_infer_response(request, small_config(), 1, {logits});
   EXPECT_FALSE(response.header_length.has_value());
   const auto j = nlohmann::json::parse(response.body);
   EXPECT_EQ(j["model_name"], "convnet");
@@ -212,6 +217,155 @@ TEST(HttpProtocol, EveryMalformedRequestIsA400NamingTheProblem) {
       EXPECT_THAT(e.what(), HasSubstr(c.message)) << c.body;
     }
   }
+}
+
+// A TorchScript model as Triton's PyTorch backend serves it: an image, int64 indices and a bool
+// mask in; fp16, int64 and bool out.
+serve::ModelConfig typed_config(int64_t max_batch_size) {
+  serve::ModelConfig c;
+  c.name = "typed";
+  c.format = serve::ModelFormat::kTorchScript;
+  c.max_batch_size = max_batch_size;
+  c.inputs = {{"INPUT__0", "FP32", {2}}, {"INPUT__1", "INT64", {3}}, {"INPUT__2", "BOOL", {2}}};
+  c.outputs = {{"OUTPUT__0", "FP16", {2}}, {"OUTPUT__1", "INT64", {1}}, {"OUTPUT__2", "BOOL", {2}}};
+  return c;
+}
+
+TEST(HttpProtocol, EachInputIsReadAsItsDatatypeInAnyOrderAndIntegersStayExact) {
+  // 2^53 + 1 and INT64's extremes: a float or double on the way would change them.
+  const auto r = serve::parse_infer_request(
+      R"({"inputs":[{"name":"INPUT__2","shape":[2,2],"datatype":"BOOL","data":[[true,false],[false,true]]},)"
+      R"({"name":"INPUT__1","shape":[2,3],"datatype":"INT64","data":[9007199254740993,-9223372036854775808,)"
+      R"(9223372036854775807,0,1,2]},{"name":"INPUT__0","shape":[2,2],"datatype":"FP32","data":[0.5,1,2,3]}]})",
+      std::nullopt, typed_config(4));
+  ASSERT_EQ(r.inputs.size(), 3u);  // the config's order, whatever the request's
+  EXPECT_TRUE(torch::equal(r.inputs[0], torch::tensor({{0.5f, 1.f}, {2.f, 3.f}})));
+  EXPECT_EQ(r.inputs[1].scalar_type(), torch::kLong);
+  EXPECT_EQ(r.inputs[1][0][0].item<int64_t>(), 9007199254740993);
+  EXPECT_EQ(r.inputs[1][0][1].item<int64_t>(), INT64_MIN);
+  EXPECT_EQ(r.inputs[1][0][2].item<int64_t>(), INT64_MAX);
+  EXPECT_TRUE(torch::equal(r.inputs[2], torch::tensor({{true, false}, {false, true}})));
+  ASSERT_EQ(r.outputs.size(), 3u);
+
+  // The same as binary data, in the order the request lists the inputs; one byte per BOOL.
+  const std::string header =
+      R"({"inputs":[{"name":"INPUT__1","shape":[1,3],"datatype":"INT64","parameters":{"binary_data_size":24}},)"
+      R"({"name":"INPUT__2","shape":[1,2],"datatype":"BOOL","parameters":{"binary_data_size":2}},)"
+      R"({"name":"INPUT__0","shape":[1,2],"datatype":"FP32","data":[1,2]}],)"
+      R"("outputs":[{"name":"OUTPUT__2"},{"name":"OUTPUT__0","parameters":{"binary_data":false}}],)"
+      R"("parameters":{"binary_data_output":true}})";
+  const int64_t indices[3] = {INT64_MAX, -5, 7};
+  std::string body = header;
+  body.append(reinterpret_cast<const char*>(indices), sizeof(indices));
+  body.append("\x00\x01", 2);
+  const auto b = serve::parse_infer_request(body, header.size(), typed_config(4));
+  EXPECT_TRUE(torch::equal(b.inputs[1], torch::tensor({{INT64_MAX, int64_t{-5}, int64_t{7}}})));
+  EXPECT_TRUE(torch::equal(b.inputs[2], torch::tensor({{false, true}})));
+  // Only the outputs asked for, in that order; binary_data_output for those that do not say.
+  ASSERT_EQ(b.outputs.size(), 2u);
+  EXPECT_EQ(b.outputs[0].index, 2u);
+  EXPECT_TRUE(b.outputs[0].binary);
+  EXPECT_EQ(b.outputs[1].index, 0u);
+  EXPECT_FALSE(b.outputs[1].binary);
+}
+
+TEST(HttpProtocol, ResponseWritesEachOutputAsItsDatatype) {
+  serve::InferRequest request;
+  request.outputs = {{1, false}, {2, false}, {0, false}};
+  const serve::Tensors outputs{torch::tensor({{0.25f, -3.f}}).to(torch::kHalf),
+                               torch::tensor({{int64_t{9007199254740993}}}), torch::tensor({{true, false}})};
+  const auto j = nlohmann::json::parse(serve::make_infer_response(request, typed_config(4), 1, outputs).body);
+  ASSERT_EQ(j["outputs"].size(), 3u);
+  EXPECT_EQ(j["outputs"][0]["name"], "OUTPUT__1");
+  EXPECT_EQ(j["outputs"][0]["datatype"], "INT64");
+  EXPECT_EQ(j["outputs"][0]["data"][0].get<int64_t>(), 9007199254740993);
+  EXPECT_EQ(j["outputs"][1]["data"], nlohmann::json({true, false}));
+  EXPECT_EQ(j["outputs"][2]["datatype"], "FP16");
+  EXPECT_EQ(j["outputs"][2]["data"], nlohmann::json({0.25, -3.0}));
+
+  // Binary: each output's own bytes (2 per FP16), one after another in the order asked for.
+  request.outputs = {{0, true}, {2, true}};
+  const auto binary = serve::make_infer_response(request, typed_config(4), 1, outputs);
+  ASSERT_TRUE(binary.header_length.has_value());
+  const auto header = nlohmann::json::parse(binary.body.substr(0, *binary.header_length));
+  EXPECT_EQ(header["outputs"][0]["parameters"]["binary_data_size"], 4);
+  EXPECT_EQ(header["outputs"][1]["parameters"]["binary_data_size"], 2);
+  ASSERT_EQ(binary.body.size(), *binary.header_length + 6);
+  torch::Tensor half = torch::empty({2}, torch::kHalf);
+  std::memcpy(half.data_ptr(), binary.body.data() + *binary.header_length, 4);
+  EXPECT_TRUE(torch::equal(half, outputs[0][0]));
+  EXPECT_EQ(binary.body.substr(*binary.header_length + 4), std::string("\x01\x00", 2));
+}
+
+TEST(HttpProtocol, ABadInputOfASeveralInputModelIsA400NamingItAndWhatTheModelTakes) {
+  const std::string x0 = R"({"name":"INPUT__0","shape":[1,2],"datatype":"FP32","data":[1,2]})";
+  const std::string x1 = R"({"name":"INPUT__1","shape":[1,3],"datatype":"INT64","data":[1,2,3]})";
+  const std::string x2 = R"({"name":"INPUT__2","shape":[1,2],"datatype":"BOOL","data":[true,false]})";
+  auto body = [](const std::string& inputs) { return "{\"inputs\":[" + inputs + "]}"; };
+  struct Case {
+    std::string body, message;
+    int64_t max_batch_size = 4;
+  };
+  const std::vector<Case> cases{
+      {body(x0 + "," + x1), "the request lacks input 'INPUT__2'; model 'typed' takes 'INPUT__0', 'INPUT__1', 'INPUT__2'"},
+      {body(x0 + "," + x1 + "," + x2 + "," + x0), "input 'INPUT__0' is given twice"},
+      {body(x0 + "," + R"({"name":"INPUT__1","shape":[1,3],"datatype":"FP32","data":[1,2,3]})" + "," + x2),
+       "input 'INPUT__1' has datatype \"FP32\"; model 'typed' takes INT64"},
+      {body(x0 + "," + R"({"name":"INPUT__1","shape":[1,3],"datatype":"INT64","data":[1,2.5,3]})" + "," + x2),
+       "input 'INPUT__1' data holds number 2.5; INT64 data is integers"},
+      {body(x0 + "," + R"({"name":"INPUT__1","shape":[1,3],"datatype":"INT64","data":[1,2,18446744073709551615]})" +
+            "," + x2),
+       "INT64 data is integers (within INT64)"},
+      {body(x0 + "," + x1 + "," + R"({"name":"INPUT__2","shape":[1,2],"datatype":"BOOL","data":[1,0]})"),
+       "input 'INPUT__2' data holds number 1; BOOL data is true or false"},
+      {body(x0 + "," + R"({"name":"INPUT__1","shape":[2,3],"datatype":"INT64","data":[1,2,3,4,5,6]})" + "," + x2),
+       "input 'INPUT__1' has 2 samples but input 'INPUT__0' has 1"},
+      {body(x0 + "," + x1 + "," + x2), "input 'INPUT__0' has shape [1, 2]; model 'typed' takes [2]", 0},
+  };
+  for (const Case& c : cases) {
+    try {
+      serve::parse_infer_request(c.body, std::nullopt, typed_config(c.max_batch_size));
+      ADD_FAILURE() << "accepted: " << c.body;
+    } catch (const serve::HttpError& e) {
+      EXPECT_EQ(e.status(), 400) << c.body;
+      EXPECT_THAT(e.what(), HasSubstr(c.message)) << c.body;
+    }
+  }
+  serve::ModelConfig narrow = typed_config(4);
+  narrow.inputs[0].datatype = "FP16";
+  narrow.inputs[1].datatype = "INT32";
+  const std::string half = R"({"name":"INPUT__0","shape":[1,2],"datatype":"FP16","data":[1,2]})";
+  const std::string int32 = R"({"name":"INPUT__1","shape":[1,3],"datatype":"INT32","data":[1,2,3]})";
+  const std::vector<std::pair<std::string, std::string>> ranges{
+      {body(R"({"name":"INPUT__0","shape":[1,2],"datatype":"FP16","data":[1,70000]})" + std::string(",") + x2 + "," +
+            int32),
+       "input 'INPUT__0' value 1 is outside FP16's range (magnitude at most 65504)"},
+      {body(half + "," + x2 + "," + R"({"name":"INPUT__1","shape":[1,3],"datatype":"INT32","data":[1,2,2147483648]})"),
+       "input 'INPUT__1' value 2, 2147483648, is outside INT32's range"},
+      {"{\"inputs\":[" + half + "," + x2 + "," + int32 + R"(],"outputs":[{"name":"OUTPUT__9"}]})",
+       "unknown output \"OUTPUT__9\"; model 'typed' returns 'OUTPUT__0', 'OUTPUT__1', 'OUTPUT__2'"},
+  };
+  for (const auto& [text, message] : ranges) {
+    try {
+      serve::parse_infer_request(text, std::nullopt, narrow);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const serve::HttpError& e) {
+      EXPECT_EQ(e.status(), 400) << text;
+      EXPECT_THAT(e.what(), HasSubstr(message)) << text;
+    }
+  }
+}
+
+TEST(HttpProtocol, MetadataListsEveryTensorWithoutABatchDimensionWhenThereIsNone) {
+  const auto batched = serve::model_metadata(typed_config(4), {1});
+  EXPECT_EQ(batched["platform"], "pytorch_libtorch");
+  ASSERT_EQ(batched["inputs"].size(), 3u);
+  EXPECT_EQ(batched["inputs"][1], nlohmann::json({{"name", "INPUT__1"}, {"datatype", "INT64"}, {"shape", {-1, 3}}}));
+  ASSERT_EQ(batched["outputs"].size(), 3u);
+  EXPECT_EQ(batched["outputs"][2]["datatype"], "BOOL");
+  const auto whole = serve::model_metadata(typed_config(0), {1});
+  EXPECT_EQ(whole["inputs"][0]["shape"], nlohmann::json({2}));
+  EXPECT_EQ(whole["outputs"][1]["shape"], nlohmann::json({1}));
 }
 
 TEST(HttpProtocol, MetadataGivesMinusOneForTheBatchDimension) {

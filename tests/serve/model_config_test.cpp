@@ -32,11 +32,13 @@ TEST(ModelConfig, ReadsEveryFieldOfTheTritonStyleSubset) {
   EXPECT_EQ(c.name, "classifier");
   EXPECT_EQ(c.architecture, "convnet");
   EXPECT_EQ(c.max_batch_size, 32);
-  EXPECT_EQ(c.input.name, "images");
-  EXPECT_EQ(c.input.datatype, "FP32");
-  EXPECT_EQ(c.input.dims, (std::vector<int64_t>{1, 28, 28}));
-  EXPECT_EQ(c.output.name, "scores");
-  EXPECT_EQ(c.output.dims, (std::vector<int64_t>{10}));
+  ASSERT_EQ(c.inputs.size(), 1u);
+  EXPECT_EQ(c.inputs[0].name, "images");
+  EXPECT_EQ(c.inputs[0].datatype, "FP32");
+  EXPECT_EQ(c.inputs[0].dims, (std::vector<int64_t>{1, 28, 28}));
+  ASSERT_EQ(c.outputs.size(), 1u);
+  EXPECT_EQ(c.outputs[0].name, "scores");
+  EXPECT_EQ(c.outputs[0].dims, (std::vector<int64_t>{10}));
   EXPECT_TRUE(c.dynamic_batching);
   EXPECT_EQ(c.preferred_batch_sizes, (std::vector<int64_t>{8, 16}));
   EXPECT_EQ(c.max_queue_delay_us, 500);
@@ -107,9 +109,9 @@ TEST(ModelConfig, ReadsTritonsPyTorchBackendConfig) {
                "\"true\" } } instance_group [ { count: 3 } ]",
         "config.pbtxt", "anything");
     EXPECT_EQ(c.format, serve::ModelFormat::kTorchScript) << kind;
-    EXPECT_EQ(c.input.name, "INPUT__0");
-    EXPECT_EQ(c.input.dims, (std::vector<int64_t>{3, 8}));
-    EXPECT_EQ(c.output.dims, (std::vector<int64_t>{5}));
+    EXPECT_EQ(c.inputs.at(0).name, "INPUT__0");
+    EXPECT_EQ(c.inputs.at(0).dims, (std::vector<int64_t>{3, 8}));
+    EXPECT_EQ(c.outputs.at(0).dims, (std::vector<int64_t>{5}));
     EXPECT_EQ(c.instance_count, 3);
   }
   const std::string torchscript = "platform: \"pytorch_libtorch\" max_batch_size: 4 ";
@@ -118,8 +120,52 @@ TEST(ModelConfig, ReadsTritonsPyTorchBackendConfig) {
                                           "config.pbtxt", "m");
               }),
               HasSubstr("config.pbtxt: unknown parameter 'X' for the PyTorch backend"));
-  EXPECT_THAT(testing::error_message([&] { serve::parse_model_config(torchscript + io + io, "config.pbtxt", "m"); }),
-              HasSubstr("2 input(s) and 2 output(s); a TorchScript model is served with one of each so far"));
+}
+
+// Several inputs and outputs of Triton's datatypes, and max_batch_size 0 (no batch dimension).
+TEST(ModelConfig, ReadsSeveralTypedTensorsAndNoBatchDimensionForTorchScript) {
+  const serve::ModelConfig c = serve::parse_model_config(R"(platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ 2, 6 ] },
+        { name: "INPUT__1" data_type: TYPE_BOOL dims: [ 2, 6 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2, 4 ] },
+         { name: "OUTPUT__1" data_type: TYPE_BF16 dims: [ 2 ] },
+         { name: "OUTPUT__2" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "OUTPUT__3" data_type: TYPE_FP16 dims: [ 1 ] } ]
+)", "embed/config.pbtxt", "embed");
+  EXPECT_EQ(c.max_batch_size, 0);
+  ASSERT_EQ(c.inputs.size(), 2u);
+  EXPECT_EQ(c.inputs[1].name, "INPUT__1");
+  EXPECT_EQ(c.inputs[1].datatype, "BOOL");
+  EXPECT_EQ(c.inputs[1].dims, (std::vector<int64_t>{2, 6}));
+  ASSERT_EQ(c.outputs.size(), 4u);
+  std::vector<c10::ScalarType> types;
+  for (const auto& t : c.outputs) types.push_back(serve::scalar_type(t.datatype));
+  EXPECT_EQ(types, (std::vector<c10::ScalarType>{c10::kFloat, c10::kBFloat16, c10::kInt, c10::kHalf}));
+  EXPECT_EQ(serve::scalar_type(c.inputs[0].datatype), c10::kLong);
+  EXPECT_EQ(serve::request_shape(c, c.inputs[0], 3), (std::vector<int64_t>{2, 6}));  // dims are the whole shape
+
+  const std::string head = "platform: \"pytorch_libtorch\" max_batch_size: 4 ";
+  const std::string out = "output [ { name: \"OUTPUT__0\" data_type: TYPE_FP32 dims: [ 5 ] } ] ";
+  struct Case {
+    std::string text, message;
+  };
+  const std::vector<Case> cases{
+      {head + "input [ { name: \"x\" data_type: TYPE_STRING dims: [ 1 ] } ] " + out,
+       "input 'x' has data_type TYPE_STRING; lockstep serves TYPE_FP32, TYPE_FP16, TYPE_BF16, TYPE_INT64, TYPE_INT32, "
+       "TYPE_BOOL"},
+      {head + "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 1 ] }, { name: \"x\" data_type: TYPE_FP32 dims: "
+              "[ 2 ] } ] " + out,
+       "two inputs are named 'x'"},
+      {head + "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ -1, 4 ] } ] " + out,
+       "input 'x' dims [-1, 4] must be sizes of at least 1 (variable sizes, -1, are not served)"},
+      {head + out, "no input; list the module's inputs"},
+      {"platform: \"pytorch_libtorch\" max_batch_size: -1 " + out, "max_batch_size -1 must be at least 0"},
+  };
+  for (const Case& k : cases)
+    EXPECT_THAT(testing::error_message([&] { serve::parse_model_config(k.text, "config.pbtxt", "m"); }),
+                HasSubstr(k.message))
+        << k.text;
 }
 
 TEST(ModelConfig, VersionPolicyPicksVersionsAsTritonDoes) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "../python_script.h"
 #include "serve_process.h"
 
 namespace lockstep {
@@ -29,12 +30,10 @@ const std::string kTritonConfig =
     "instance_group [ { count: 2 kind: KIND_CPU } ]\n";
 
 TEST(TorchScriptServe, APythonModelServesAsTritonsPyTorchBackendWouldAndAnswersAsPythonDoes) {
-  const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
   testing::TempDir dir;
-  const auto made = testing::run_command(python + " " + std::string(LOCKSTEP_SOURCE_DIR) +
-                                         "/tests/python/torchscript_models.py " + dir.path());
-  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const auto made = testing::run_python_script("torchscript_models.py", dir.path());
+  if (!made) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  ASSERT_EQ(made->exit_code, 0) << made->output;
   const std::string repo = dir / "repo";
   testing::write_repository_model(repo, "residual_mlp", kTritonConfig, dir / "residual_mlp.pt");
   testing::write_repository_model(repo, "not_torchscript", kTritonConfig, "");

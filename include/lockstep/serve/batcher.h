@@ -18,7 +18,7 @@
 namespace lockstep::serve {
 
 struct BatcherOptions {
-  TORCH_ARG(int64_t, max_batch_size) = 64;           // samples per forward
+  TORCH_ARG(int64_t, max_batch_size) = 64;           // samples per forward; 0: no batch dimension
   TORCH_ARG(bool, dynamic_batching) = true;          // false: one request per forward
   TORCH_ARG(std::vector<int64_t>, preferred_batch_sizes) = {};
   TORCH_ARG(int64_t, max_queue_delay_us) = 0;
@@ -33,10 +33,14 @@ class Unavailable : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A request's or a forward's tensors: the model's inputs, or its outputs, in the config's order.
+using Tensors = std::vector<torch::Tensor>;
+
 // Note [Dynamic batching]
-// Requests (each a tensor of n >= 1 samples) wait in one queue per model version; every model
-// instance runs a worker thread that takes the next batch from the front of the queue, concatenates
-// the requests along dim 0, runs one forward and hands each request its rows of the output.
+// Requests (each a list of input tensors of n >= 1 samples each) wait in one queue per model
+// version; every model instance runs a worker thread that takes the next batch from the front of
+// the queue, concatenates each input of the requests along dim 0, runs one forward and hands each
+// request its rows of every output.
 // A batch is sent as soon as
 //   - its samples reach max_batch_size, or equal one of the preferred batch sizes, or
 //   - the next queued request would not fit in it, or
@@ -46,21 +50,25 @@ class Unavailable : public std::runtime_error {
 // trades the latency of a lone request for fuller batches at low load. Beyond max_queue_size queued
 // requests a new one is refused (503), as is one found to have waited longer than queue_timeout_us
 // when the queue is next looked at (a batch forming, or a request arriving).
+// With max_batch_size 0 the model has no batch dimension (Triton's convention): every request is a
+// forward of its own, its tensors passed as they are.
 class Batcher {
  public:
-  // One function per model instance: input (B, ...) -> output (B, ...); each is called from its own
-  // worker thread only, so an instance needs no lock of its own.
-  using Instance = std::function<torch::Tensor(const torch::Tensor&)>;
+  // One function per model instance: inputs, each (B, ...) -> outputs, each (B, ...); each is called
+  // from its own worker thread only, so an instance needs no lock of its own.
+  using Instance = std::function<Tensors(const Tensors&)>;
+  // An instance of a model with one input and one output (the reference models).
+  static Instance one_tensor(std::function<torch::Tensor(const torch::Tensor&)> forward);
 
   Batcher(std::vector<Instance> instances, BatcherOptions options, ModelStatistics& statistics);
   ~Batcher();
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
-  // Queues `input` (n, ...) with 1 <= n <= max_batch_size; the future holds its (n, ...) output, or
-  // the forward's exception, or Unavailable when it timed out in the queue. Throws Unavailable when
-  // the queue is full or the batcher is stopping.
-  std::future<torch::Tensor> submit(torch::Tensor input);
+  // Queues `inputs`, each (n, ...) with the same 1 <= n <= max_batch_size; the future holds the
+  // request's outputs, each (n, ...), or the forward's exception, or Unavailable when it timed out
+  // in the queue. Throws Unavailable when the queue is full or the batcher is stopping.
+  std::future<Tensors> submit(Tensors inputs);
   // Refuses new requests, runs every queued one (without waiting for delays) and joins the workers.
   void stop();
 
@@ -69,9 +77,10 @@ class Batcher {
  private:
   using Clock = std::chrono::steady_clock;
   struct Pending {
-    torch::Tensor input;
+    Tensors inputs;
+    int64_t samples;  // dim 0 of each input; 1 without a batch dimension
     Clock::time_point enqueued;
-    std::promise<torch::Tensor> result;
+    std::promise<Tensors> result;
   };
   void work(size_t instance);
   // Blocks until a batch is due (see Note [Dynamic batching]); empty once stopped and drained.

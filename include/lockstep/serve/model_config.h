@@ -1,5 +1,7 @@
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -9,9 +11,15 @@ namespace lockstep::serve {
 // One input or output of a served model, as the KServe v2 protocol names it.
 struct TensorSpec {
   std::string name;
-  std::string datatype = "FP32";  // KServe spelling: "FP32", "INT64", ...
-  std::vector<int64_t> dims;      // without the batch dimension
+  std::string datatype = "FP32";  // KServe spelling: "FP32", "INT64", ... (one of served_datatypes())
+  std::vector<int64_t> dims;      // without the batch dimension when max_batch_size > 0
 };
+
+// The datatypes a served tensor may have, in KServe's spelling: FP32, FP16, BF16, INT64, INT32,
+// BOOL (config.pbtxt's TYPE_FP32, ...). The reference models take and return FP32 only.
+const std::vector<std::string>& served_datatypes();
+// The torch dtype of a served datatype ("INT64" -> kLong); throws c10::ValueError for another.
+c10::ScalarType scalar_type(const std::string& datatype);
 
 enum class VersionPolicyKind { kLatest, kAll, kSpecific };
 
@@ -32,9 +40,11 @@ struct ModelConfig {
   std::string name;
   ModelFormat format = ModelFormat::kReference;
   std::string architecture;  // kReference: the model the weights are for (convnet, mlp, resnet18)
-  int64_t max_batch_size = 64;  // samples per forward, at least 1
-  TensorSpec input{"input", "FP32", {}};
-  TensorSpec output{"logits", "FP32", {}};
+  // Samples per forward, at least 1; 0 (TorchScript only): the model has no batch dimension, dims
+  // are whole shapes and every request runs alone, as Triton allows.
+  int64_t max_batch_size = 64;
+  std::vector<TensorSpec> inputs{{"input", "FP32", {}}};    // kReference: exactly one
+  std::vector<TensorSpec> outputs{{"logits", "FP32", {}}};  // kReference: exactly one
   bool dynamic_batching = true;  // false: every request is its own forward
   std::vector<int64_t> preferred_batch_sizes;
   int64_t max_queue_delay_us = 0;
@@ -54,8 +64,13 @@ ModelConfig default_model_config(const std::string& architecture, int64_t instan
 
 // Parses config.pbtxt text (protobuf text format) for the model in directory `directory_name`.
 // Throws c10::ValueError naming `source`, and the line and column for a syntax error or an unknown
-// field; or naming the field and value that does not fit the reference model.
+// field; or naming the field and value that does not fit the reference model. A TorchScript model's
+// inputs and outputs are checked against its module when it loads (serve/model_repository.h).
 ModelConfig parse_model_config(const std::string& text, const std::string& source, const std::string& directory_name);
+
+// The shape a tensor of `spec` has in a request of `samples` samples: (samples, dims...), or dims
+// alone with max_batch_size 0; -1 for `samples` gives the shape metadata shows.
+std::vector<int64_t> request_shape(const ModelConfig& config, const TensorSpec& spec, int64_t samples);
 
 // The versions among `available` that `policy` serves, ascending.
 std::vector<int64_t> select_versions(const VersionPolicy& policy, std::vector<int64_t> available);
