@@ -90,14 +90,6 @@ StrategyOptions frozen_options(OptimizerKind kind) {
       [o](std::vector<torch::Tensor> p) { return optim::make_optimizer(std::move(p), o); });
 }
 
-// One process on the samples both ranks of `train` take together: 24 per step.
-void train_one_process(Strategy& s, const Data& d, int64_t first, int64_t steps) {
-  for (int64_t k = first; k < first + steps; ++k) {
-    s.forward_backward({{d.x.narrow(0, 24 * k, 24), d.y.narrow(0, 24 * k, 24), 1.0}}, cross_entropy);
-    ASSERT_TRUE(s.step().stepped) << s.name() << " step " << k;
-  }
-}
-
 // The largest difference over the trainable entries; frozen entries must equal `initial` bit
 // for bit and every key must be there.
 double check_weights(const Weights& actual, const Weights& expected, const Weights& initial, const std::string& what) {
