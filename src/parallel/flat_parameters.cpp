@@ -6,34 +6,46 @@
 
 namespace lockstep::parallel {
 
-namespace {
-
-std::vector<std::pair<std::string, torch::Tensor>> named_parameters(const torch::nn::Module& module) {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
+std::vector<IndexedParameter> trainable_parameters(const torch::nn::Module& module) {
+  std::vector<IndexedParameter> out;
+  const auto named = module.named_parameters();
+  for (size_t i = 0; i < named.size(); ++i)
+    if (named[i].value().requires_grad())
+      out.push_back({named[i].key(), named[i].value(), static_cast<int64_t>(i)});
   return out;
 }
 
-}  // namespace
+int64_t frozen_parameter_bytes(const torch::nn::Module& module) {
+  int64_t bytes = 0;
+  for (const auto& p : module.parameters())
+    if (!p.requires_grad()) bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  return bytes;
+}
 
 FlatParameters::FlatParameters(torch::nn::Module& module, int64_t world_size, int64_t rank)
-    : FlatParameters(named_parameters(module), world_size, rank) {}
+    : FlatParameters(trainable_parameters(module), static_cast<int64_t>(module.parameters().size()), world_size,
+                     rank) {}
 
-FlatParameters::FlatParameters(const std::vector<std::pair<std::string, torch::Tensor>>& named, int64_t world_size,
-                               int64_t rank)
-    : world_size_(world_size), rank_(rank) {
+FlatParameters::FlatParameters(const std::vector<IndexedParameter>& params, int64_t model_param_count,
+                               int64_t world_size, int64_t rank)
+    : world_size_(world_size), rank_(rank), model_param_count_(model_param_count) {
   TORCH_CHECK_VALUE(world_size >= 1 && rank >= 0 && rank < world_size, "FlatParameters: rank ", rank,
                     " is not in a group of ", world_size);
-  for (const auto& [name, p] : named) {
-    TORCH_CHECK_VALUE(p.scalar_type() == torch::kFloat && p.requires_grad(), "rank ", rank, ": parameter '",
-                      name, "' is ", p.scalar_type(), (p.requires_grad() ? "" : " without requires_grad"),
-                      "; sharding needs fp32 parameters that all train (build the model in fp32, unfrozen)");
+  for (const IndexedParameter& p : params) {
+    TORCH_CHECK_VALUE(p.tensor.requires_grad() && p.index >= 0 && p.index < model_param_count,
+                      "FlatParameters: parameter '", p.name, "' (model index ", p.index, " of ", model_param_count,
+                      ") is frozen or not the model's: only trainable parameters are flattened");
+    TORCH_CHECK_VALUE(p.tensor.scalar_type() == torch::kFloat, "rank ", rank, ": parameter '", p.name, "' is ",
+                      p.tensor.scalar_type(), "; sharding needs fp32 trainable parameters (build the model in fp32, ",
+                      "or freeze it with requires_grad_(false): frozen parameters stay whole in any dtype)");
     offsets_.push_back(numel_);
-    numel_ += p.numel();
-    params_.push_back(p);
-    names_.push_back(name);
+    numel_ += p.tensor.numel();
+    params_.push_back(p.tensor);
+    names_.push_back(p.name);
+    indices_.push_back(p.index);
   }
-  TORCH_CHECK_VALUE(numel_ > 0, "rank ", rank, ": the model has no parameters to shard");
+  TORCH_CHECK_VALUE(numel_ > 0, "rank ", rank, ": the model has no trainable parameters to shard (all ",
+                    model_param_count, " have requires_grad false); unfreeze the ones to train");
   shard_numel_ = (numel_ + world_size - 1) / world_size;
   torch::NoGradGuard no_grad;
   flat_ = torch::zeros({padded_numel()}, params_[0].options().requires_grad(false));

@@ -15,31 +15,32 @@
 namespace lockstep::parallel {
 namespace {
 
-using NamedParameters = std::vector<std::pair<std::string, torch::Tensor>>;
-
 // Gradient buckets of a unit's reduce-scatter, as zero2's default.
 constexpr int64_t kBucketCapBytes = 25 * 1024 * 1024;
 
-int64_t numel(const NamedParameters& params) {
+int64_t numel(const std::vector<IndexedParameter>& params) {
   int64_t n = 0;
-  for (const auto& p : params) n += p.second.numel();
+  for (const auto& p : params) n += p.tensor.numel();
   return n;
 }
 
 // A unit to build: its name ("layer1.0", or "layer1.0+layer1.1" when blocks are joined), its
-// blocks and its parameters in layout order.
+// blocks and its trainable parameters in layout order (Note [Frozen parameters]: the frozen ones
+// stay whole outside the unit's flat buffer).
 struct UnitPlan {
   std::string name;
   std::vector<std::string> blocks;
-  NamedParameters params;
+  std::vector<IndexedParameter> params;
 };
 
 // See Note [FSDP as a strategy]: consecutive blocks joined until they hold min_params parameters;
 // a short tail joins the unit before it. Every parameter must be in a block, and the units must
-// list them in the model's order (the per-parameter layout of saved optimizer state). A parameter
-// that several blocks use (gpt-mini's tied embedding: its first block and its last) keeps the unit
-// of its first use open through its last, so one unit holds it and every use sees it gathered, as
-// PyTorch's FSDP puts a shared parameter in the smallest wrapper around all its users.
+// list them in the model's order (the per-parameter layout of saved optimizer state). Only
+// trainable parameters count and are planned; a plan left without any builds no unit, and its
+// blocks run as they are, with nothing to gather. A parameter that several blocks use (gpt-mini's
+// tied embedding: its first block and its last) keeps the unit of its first use open through its
+// last, so one unit holds it and every use sees it gathered, as PyTorch's FSDP puts a shared
+// parameter in the smallest wrapper around all its users.
 std::vector<UnitPlan> plan_units(torch::nn::Module& module, const std::vector<models::Block>& blocks,
                                  int64_t min_params, int64_t rank) {
   const auto named = module.named_parameters();
@@ -65,7 +66,7 @@ std::vector<UnitPlan> plan_units(torch::nn::Module& module, const std::vector<mo
                                           : "parameter '" + named[it->second].key() + "'",
                         " where the blocks should next hold '", next < named.size() ? named[next].key() : "nothing",
                         "'; the blocks must hold every parameter once, in the model's parameter order");
-      open.params.emplace_back(named[next].key(), p);
+      if (p.requires_grad()) open.params.push_back({named[next].key(), p, static_cast<int64_t>(next)});
       open_until = std::max(open_until, last_use.at(p.unsafeGetTensorImpl()));
       ++next;
     }
@@ -125,15 +126,17 @@ void FsdpStrategy::build_units() {
   if (classifier_) {
     plans = plan_units(*module_, classifier_->blocks(), options_.fsdp().min_params(), group_.rank());
   } else {
-    UnitPlan whole{"model", {}, {}};
-    for (const auto& item : module_->named_parameters()) whole.params.emplace_back(item.key(), item.value());
-    plans.push_back(std::move(whole));
+    plans.push_back(UnitPlan{"model", {}, trainable_parameters(*module_)});
   }
+  const int64_t model_params = static_cast<int64_t>(module_->parameters().size());
   for (UnitPlan& plan : plans) {
-    units_.push_back(std::make_unique<FsdpUnit>(plan.name, plan.params, group_, kBucketCapBytes));
+    if (plan.params.empty()) continue;  // all frozen: see Note [Frozen parameters]
+    units_.push_back(std::make_unique<FsdpUnit>(plan.name, plan.params, model_params, group_, kBucketCapBytes));
     for (size_t b = 0; b < plan.blocks.size(); ++b)
       places_[plan.blocks[b]] = BlockPlace{units_.back().get(), b == 0, b + 1 == plan.blocks.size()};
   }
+  TORCH_CHECK_VALUE(!units_.empty(), "rank ", group_.rank(), ": fsdp: the model has no trainable parameters to ",
+                    "shard (all ", model_params, " have requires_grad false); unfreeze the ones to train");
   if (classifier_)
     classifier_->set_block_runner([this](const models::Block& block, const torch::Tensor& x) { return run_block(block, x); });
 }
@@ -255,7 +258,7 @@ MemoryReport FsdpStrategy::memory() const {
     m.grad_bytes += tensor_bytes(unit->grad_shard());
     largest = std::max(largest, unit->full_bytes());
   }
-  m.param_bytes += largest;
+  m.param_bytes += largest + frozen_parameter_bytes(*module_);  // Note [Frozen parameters]
   m.optim_bytes = optim::optimizer_state_bytes(*optimizer_);
   return m;
 }

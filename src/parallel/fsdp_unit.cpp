@@ -14,11 +14,11 @@ void resize_storage(const torch::Tensor& t, int64_t bytes) {
 
 }  // namespace
 
-FsdpUnit::FsdpUnit(std::string name, const std::vector<std::pair<std::string, torch::Tensor>>& params,
+FsdpUnit::FsdpUnit(std::string name, const std::vector<IndexedParameter>& params, int64_t model_param_count,
                    dist::ProcessGroup& group, int64_t bucket_cap_bytes)
     : name_(std::move(name)),
       group_(group),
-      flat_(std::make_unique<FlatParameters>(params, group.size(), group.rank())) {
+      flat_(std::make_unique<FlatParameters>(params, model_param_count, group.size(), group.rank())) {
   TORCH_CHECK_VALUE(flat_->flat().device().is_cpu(), "rank ", group.rank(), ": fsdp unit '", name_,
                     "' is on ", flat_->flat().device(), "; this build shards CPU parameters only");
   shard_ = flat_->shard().clone();

@@ -28,10 +28,13 @@ GenericDict single_group(const IValue& groups_value, c10::List<int64_t> params, 
   return group;
 }
 
+// The model's parameter count, frozen ones included (Note [Frozen parameters]).
 int64_t parameter_count(const std::vector<const FlatParameters*>& flats) {
-  int64_t count = 0;
-  for (const FlatParameters* flat : flats) count += static_cast<int64_t>(flat->params().size());
-  return count;
+  TORCH_CHECK(!flats.empty(), "a sharded optimizer steps at least one flat buffer");
+  for (const FlatParameters* flat : flats)
+    TORCH_CHECK(flat->model_param_count() == flats[0]->model_param_count(), "flat buffers of one model disagree on ",
+                "its parameter count: ", flat->model_param_count(), " and ", flats[0]->model_param_count());
+  return flats[0]->model_param_count();
 }
 
 c10::List<int64_t> numbers(int64_t count) {
@@ -54,8 +57,7 @@ IValue consolidated_optimizer_state_dict(const torch::optim::Optimizer& shard_op
   const GenericDict mine = optim::optimizer_state_dict(shard_optimizer).toGenericDict();
   const int64_t count = parameter_count(flats);
   const auto state = mine.at("state").toGenericDict();
-  c10::Dict<int64_t, TensorDict> out_state;
-  int64_t first = 0;  // model index of the current flat's first parameter
+  c10::Dict<int64_t, TensorDict> out_state;  // frozen parameters have no entry, as in a replica's
   for (size_t k = 0; k < flats.size(); ++k) {
     const FlatParameters& flat = *flats[k];
     const int64_t n = static_cast<int64_t>(flat.params().size());
@@ -74,9 +76,8 @@ IValue consolidated_optimizer_state_dict(const torch::optim::Optimizer& shard_op
         const std::vector<torch::Tensor> pieces = flat.unflatten(full);
         for (int64_t i = 0; i < n; ++i) per_param[i].insert(key, pieces[i]);
       }
-      for (int64_t i = 0; i < n; ++i) out_state.insert(first + i, per_param[i]);
+      for (int64_t i = 0; i < n; ++i) out_state.insert(flat.indices()[i], per_param[i]);
     }
-    first += n;
   }
   c10::impl::GenericList groups(c10::DictType::create(c10::StringType::get(), c10::AnyType::get()));
   groups.push_back(single_group(mine.at("param_groups"), numbers(count), "the shard optimizer's state"));
@@ -141,20 +142,21 @@ void load_sharded_optimizer_state_dict(torch::optim::Optimizer& shard_optimizer,
   }
   const GenericDict saved_state = as_dict(dict_entry(dict, "state", where), where + " 'state'");
 
+  // Frozen parameters' entries are not read: they have none in a replica's state either.
   GenericDict shard_state(c10::IntType::get(), c10::AnyType::get());
-  int64_t first = 0;
   for (size_t k = 0; k < flats.size() && !saved_state.empty(); ++k) {
     const FlatParameters& flat = *flats[k];
     std::vector<GenericDict> per_param;
     for (size_t i = 0; i < flat.params().size(); ++i) {
-      auto it = saved_state.find(saved_numbers[first + i]);
+      const int64_t index = flat.indices()[i];
+      auto it = saved_state.find(saved_numbers[index]);
       TORCH_CHECK(it != saved_state.end(), where, " has state for ", saved_state.size(), " of ", count,
-                  " parameters, none for parameter ", first + i, " ('", flat.names()[i],
-                  "'): a sharded optimizer needs all or none (was a parameter unused?)");
-      per_param.push_back(as_dict(it->value(), where + " of parameter " + std::to_string(first + i)));
+                  " parameters, none for parameter ", index, " ('", flat.names()[i],
+                  "'): a sharded optimizer needs all of the trainable ones or none (was a parameter unused, or ",
+                  "frozen when it was saved?)");
+      per_param.push_back(as_dict(it->value(), where + " of parameter " + std::to_string(index)));
     }
     shard_state.insert(static_cast<int64_t>(k), shard_state_entry(flat, per_param, where));
-    first += static_cast<int64_t>(flat.params().size());
   }
   c10::impl::GenericList groups(c10::DictType::create(c10::StringType::get(), c10::AnyType::get()));
   groups.push_back(group);

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "lockstep/core/ivalue_dict.h"
@@ -74,6 +75,17 @@ torch::Tensor joined(const std::vector<torch::Tensor>& pieces, const ShardLayout
   return torch::cat(pieces);
 }
 
+// `module`'s parameters that no layout lists: the frozen ones (Note [Frozen parameters]).
+torch::OrderedDict<std::string, torch::Tensor> unlisted_parameters(const torch::nn::Module& module,
+                                                                   const std::vector<ShardLayout>& layouts) {
+  std::set<std::string> listed;
+  for (const ShardLayout& l : layouts) listed.insert(l.params.begin(), l.params.end());
+  torch::OrderedDict<std::string, torch::Tensor> out;
+  for (const auto& item : module.named_parameters())
+    if (listed.count(item.key()) == 0) out.insert(item.key(), item.value());
+  return out;
+}
+
 GenericDict optimizer_state_of(const ShardedState& s, const std::string& where) {
   return as_dict(dict_entry(as_dict(s.optimizer, where), "state", where), where + " 'state'");
 }
@@ -82,7 +94,7 @@ GenericDict optimizer_state_of(const ShardedState& s, const std::string& where) 
 
 bool ShardLayout::operator==(const ShardLayout& o) const {
   return name == o.name && params == o.params && shapes == o.shapes && offsets == o.offsets &&
-         shard_numel == o.shard_numel;
+         indices == o.indices && shard_numel == o.shard_numel;
 }
 
 std::string ShardLayout::describe() const {
@@ -97,6 +109,7 @@ ShardLayout shard_layout(std::string name, const FlatParameters& flat) {
   l.params = flat.names();
   for (const auto& p : flat.params()) l.shapes.push_back(p.sizes().vec());
   l.offsets = flat.offsets();
+  l.indices = flat.indices();
   l.shard_numel = flat.shard_numel();
   return l;
 }
@@ -111,6 +124,7 @@ IValue layouts_to_ivalue(const std::vector<ShardLayout>& layouts) {
     for (const auto& shape : l.shapes) shapes.push_back(int_list(shape));
     d.insert("shapes", shapes);
     d.insert("offsets", int_list(l.offsets));
+    d.insert("indices", int_list(l.indices));
     d.insert("shard_numel", l.shard_numel);
     out.push_back(d);
   }
@@ -120,6 +134,7 @@ IValue layouts_to_ivalue(const std::vector<ShardLayout>& layouts) {
 std::vector<ShardLayout> layouts_from_ivalue(const IValue& value, const std::string& source) {
   TORCH_CHECK(value.isList(), source, ": 'units' must be a list, got ", value.tagKind());
   std::vector<ShardLayout> out;
+  int64_t next_index = 0;  // files without "indices" number the parameters consecutively
   for (const IValue& item : value.toListRef()) {
     const std::string where = source + " unit " + std::to_string(out.size());
     const GenericDict d = as_dict(item, where);
@@ -132,10 +147,18 @@ std::vector<ShardLayout> layouts_from_ivalue(const IValue& value, const std::str
     TORCH_CHECK(shapes.isList(), where, ": 'shapes' must be a list, got ", shapes.tagKind());
     for (const IValue& shape : shapes.toListRef()) l.shapes.push_back(ints(shape, where + " 'shapes'"));
     l.offsets = ints(dict_entry(d, "offsets", where), where + " 'offsets'");
+    const auto indices = d.find("indices");
+    if (indices != d.end()) {
+      l.indices = ints(indices->value(), where + " 'indices'");
+    } else {
+      for (size_t i = 0; i < l.params.size(); ++i) l.indices.push_back(next_index + static_cast<int64_t>(i));
+    }
+    next_index += static_cast<int64_t>(l.params.size());
     l.shard_numel = as_int(dict_entry(d, "shard_numel", where), where + " 'shard_numel'");
-    TORCH_CHECK(l.shapes.size() == l.params.size() && l.offsets.size() == l.params.size() && l.shard_numel >= 0,
-                where, " lists ", l.params.size(), " parameters, ", l.shapes.size(), " shapes and ", l.offsets.size(),
-                " offsets: it is damaged");
+    TORCH_CHECK(l.shapes.size() == l.params.size() && l.offsets.size() == l.params.size() &&
+                    l.indices.size() == l.params.size() && l.shard_numel >= 0,
+                where, " lists ", l.params.size(), " parameters, ", l.shapes.size(), " shapes, ", l.offsets.size(),
+                " offsets and ", l.indices.size(), " indices: it is damaged");
     out.push_back(std::move(l));
   }
   return out;
@@ -152,6 +175,7 @@ GenericDict sharded_state_to_dict(const ShardedState& s) {
   d.insert("optimizer", s.optimizer);
   d.insert("scaler", s.scaler);
   d.insert("buffers", s.buffers);
+  d.insert("frozen", s.frozen);
   d.insert("model_keys", string_list(s.model_keys));
   return d;
 }
@@ -174,6 +198,13 @@ ShardedState sharded_state_from_dict(const IValue& value, const std::string& sou
     TORCH_CHECK(item.key().isString() && item.value().isTensor(), source, ": 'buffers' must map names to tensors");
     s.buffers.insert(item.key().toStringRef(), item.value().toTensor());
   }
+  const auto frozen = d.find("frozen");  // absent from files written before frozen parameters
+  if (frozen != d.end()) {
+    for (const auto& item : as_dict(frozen->value(), source + " 'frozen'")) {
+      TORCH_CHECK(item.key().isString() && item.value().isTensor(), source, ": 'frozen' must map names to tensors");
+      s.frozen.insert(item.key().toStringRef(), item.value().toTensor());
+    }
+  }
   s.model_keys = strings(dict_entry(d, "model_keys", source), source + " 'model_keys'");
   return s;
 }
@@ -192,6 +223,7 @@ ShardedState make_sharded_state(const std::vector<ShardLayout>& layouts, const s
   s.optimizer = optim::optimizer_state_dict(shard_optimizer);
   s.scaler = scaler.state_dict();
   for (const auto& item : module.named_buffers()) s.buffers.insert(item.key(), item.value().detach().clone());
+  for (const auto& item : unlisted_parameters(module, layouts)) s.frozen.insert(item.key(), item.value().detach().clone());
   // Keys only: an FSDP unit's parameters hold no memory between uses.
   for (const auto& item : models::state_dict(module)) s.model_keys.push_back(item.first);
   return s;
@@ -222,12 +254,23 @@ void load_sharded_state(const ShardedState& state, const std::vector<ShardLayout
                 " holds buffer '", item.key(), "' of shape ", item.value().sizes(), ", which this model ",
                 buffer ? "has with shape " + c10::str(buffer->sizes()) : std::string("does not have"));
   }
+  const auto frozen = unlisted_parameters(module, layouts);
+  TORCH_CHECK_VALUE(state.frozen.size() == frozen.size(), "rank ", rank, ": ", source, " holds ", state.frozen.size(),
+                    " frozen parameters but this model has ", frozen.size(), "; resume with the parameters frozen ",
+                    "as they were when it was written, or under another strategy");
+  for (const auto& item : state.frozen) {
+    const torch::Tensor* p = frozen.find(item.key());
+    TORCH_CHECK_VALUE(p != nullptr && p->sizes() == item.value().sizes(), "rank ", rank, ": ", source,
+                      " holds frozen parameter '", item.key(), "' of shape ", item.value().sizes(), ", which this ",
+                      "model ", p ? "has with shape " + c10::str(p->sizes()) : std::string("does not have frozen"));
+  }
   // Checked: now change things (the optimizer checks its own state before changing anything).
   optim::load_optimizer_state_dict(shard_optimizer, state.optimizer, source);
   if (scaler.is_enabled()) scaler.load_state_dict(as_dict(state.scaler, source + " 'scaler'"));
   torch::NoGradGuard no_grad;
   for (size_t k = 0; k < shards.size(); ++k) shards[k].copy_(state.shards[k]);
   for (const auto& item : state.buffers) named.find(item.key())->copy_(item.value());
+  for (const auto& item : state.frozen) frozen.find(item.key())->copy_(item.value());
 }
 
 // See Note [Sharded state]: the flat buffers are the ranks' shards end to end.
@@ -250,6 +293,7 @@ ConsolidatedState consolidate_sharded_states(const std::vector<ShardedState>& ra
     const std::vector<torch::Tensor> cut_params = cut(joined(pieces, layouts[k], "parameter shard", source), layouts[k]);
     for (size_t i = 0; i < cut_params.size(); ++i) params.emplace(layouts[k].params[i], cut_params[i]);
   }
+  for (const auto& item : ranks[0].frozen) params.emplace(item.key(), item.value().clone());
   for (const std::string& key : ranks[0].model_keys) {
     auto p = params.find(key);
     if (p != params.end()) {
@@ -257,8 +301,8 @@ ConsolidatedState consolidate_sharded_states(const std::vector<ShardedState>& ra
       continue;
     }
     auto b = ranks[0].buffers.find(key);
-    TORCH_CHECK(b != ranks[0].buffers.end(), source, ": model entry '", key, "' is neither a sharded parameter nor a ",
-                "buffer of rank 0");
+    TORCH_CHECK(b != ranks[0].buffers.end(), source, ": model entry '", key, "' is neither a sharded or frozen ",
+                "parameter nor a buffer of rank 0");
     out.model.insert(key, b->value().clone());
   }
 
@@ -267,8 +311,13 @@ ConsolidatedState consolidate_sharded_states(const std::vector<ShardedState>& ra
   const std::string where = source + " optimizer state";
   std::vector<GenericDict> states;
   for (const ShardedState& s : ranks) states.push_back(optimizer_state_of(s, where));
-  c10::Dict<int64_t, TensorDict> per_param;
-  int64_t first = 0;  // model index of flat buffer k's first parameter
+  c10::Dict<int64_t, TensorDict> per_param;  // by model index: frozen parameters have no entry
+  int64_t count = static_cast<int64_t>(ranks[0].frozen.size());  // the model's parameters
+  for (const ShardLayout& layout : layouts) count += static_cast<int64_t>(layout.params.size());
+  for (const ShardLayout& layout : layouts)
+    for (int64_t index : layout.indices)
+      TORCH_CHECK(index >= 0 && index < count, where, ": unit '", layout.name, "' numbers a parameter ", index,
+                  " but the model has ", count, " (", ranks[0].frozen.size(), " frozen): the files are damaged");
   for (size_t k = 0; k < layouts.size(); ++k) {
     const ShardLayout& layout = layouts[k];
     const int64_t n = static_cast<int64_t>(layout.params.size());
@@ -293,9 +342,8 @@ ConsolidatedState consolidate_sharded_states(const std::vector<ShardedState>& ra
         const std::vector<torch::Tensor> cut_state = cut(joined(pieces, layout, "'" + key + "'", where), layout);
         for (int64_t i = 0; i < n; ++i) entries[i].insert(key, cut_state[i]);
       }
-      for (int64_t i = 0; i < n; ++i) per_param.insert(first + i, entries[i]);
+      for (int64_t i = 0; i < n; ++i) per_param.insert(layout.indices[i], entries[i]);
     }
-    first += n;
   }
   const GenericDict rank0 = as_dict(ranks[0].optimizer, where);
   const IValue groups_value = dict_entry(rank0, "param_groups", where);
@@ -305,7 +353,7 @@ ConsolidatedState consolidate_sharded_states(const std::vector<ShardedState>& ra
   for (const auto& item : as_dict(groups_value.toListRef()[0], where + " param group 0"))
     if (item.key().toStringRef() != "params") group.insert(item.key(), item.value());
   c10::List<int64_t> numbers;
-  for (int64_t i = 0; i < first; ++i) numbers.push_back(i);
+  for (int64_t i = 0; i < count; ++i) numbers.push_back(i);
   group.insert("params", numbers);
   c10::impl::GenericList groups(c10::DictType::create(c10::StringType::get(), c10::AnyType::get()));
   groups.push_back(group);

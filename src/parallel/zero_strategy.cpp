@@ -129,7 +129,7 @@ void ZeroStrategy::load_sharded_state_dict(const ShardedState& state, const std:
 
 MemoryReport ZeroStrategy::memory() const {
   MemoryReport m;
-  m.param_bytes = tensor_bytes(flat_->flat());
+  m.param_bytes = tensor_bytes(flat_->flat()) + frozen_parameter_bytes(*module_);  // Note [Frozen parameters]
   m.grad_bytes = zero_.stage() == 1 ? tensor_bytes(flat_grad_) : tensor_bytes(grad_shard_);
   m.optim_bytes = optim::optimizer_state_bytes(*optimizer_);
   return m;

@@ -76,6 +76,14 @@ inline void train(Strategy& strategy, const Data& d, int64_t first, int64_t step
   }
 }
 
+// `steps` steps in one process on the samples both ranks of train() take together: 24 per step.
+inline void train_one_process(Strategy& strategy, const Data& d, int64_t first, int64_t steps) {
+  for (int64_t k = first; k < first + steps; ++k) {
+    strategy.forward_backward({{d.x.narrow(0, 24 * k, 24), d.y.narrow(0, 24 * k, 24), 1.0}}, cross_entropy);
+    ASSERT_TRUE(strategy.step().stepped) << strategy.name() << " step " << k;
+  }
+}
+
 inline std::vector<torch::Tensor> copies(torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
   for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
@@ -178,15 +186,9 @@ inline void expect_resumes_like_ddp(const std::vector<std::pair<StrategyKind, St
   // One process, batch 24: the samples both ranks took together.
   auto local_reference = copy_of(*initial);
   LocalStrategy reference(torch::nn::AnyModule(local_reference), with_optimizer(OptimizerKind::kAdam));
-  auto one_process = [&](Strategy& s, int64_t first, int64_t steps) {
-    for (int64_t k = first; k < first + steps; ++k) {
-      s.forward_backward({{d.x.narrow(0, 24 * k, 24), d.y.narrow(0, 24 * k, 24), 1.0}}, cross_entropy);
-      ASSERT_TRUE(s.step().stepped);
-    }
-  };
-  one_process(reference, 0, 6);
+  train_one_process(reference, d, 0, 6);
   auto local = resumed(StrategyKind::kLocal, from_first_pair, with_optimizer(OptimizerKind::kAdam));
-  one_process(*local, 3, 3);
+  train_one_process(*local, d, 3, 3);
   expect_close(copies(local->module()), copies(*local_reference), 1e-5,
                to_string(pairs[0].first) + " on 2 ranks -> local");
 }

@@ -28,7 +28,8 @@ namespace lockstep::parallel {
 // saves each rank's shards without gathering (Note [Sharded state]). Buffers (BatchNorm
 // statistics) stay per rank, as in ZeRO. Precision: O0 and O1 (autocast; its cast cache keeps the
 // bf16 copies of a unit's weights until the forward ends); O2 and O3 are refused. Not combined
-// with activation checkpointing (the block runner is FSDP's).
+// with activation checkpointing (the block runner is FSDP's). Frozen parameters stay whole on
+// every rank, outside the units (Note [Frozen parameters]).
 class FsdpStrategy : public Strategy {
  public:
   // options.group() is required; options.fsdp() sets the units.
@@ -50,9 +51,10 @@ class FsdpStrategy : public Strategy {
   // Each unit's parameter shard and optimizer state as this rank holds them; nothing gathered.
   std::optional<ShardedState> sharded_state_dict() override;
   void load_sharded_state_dict(const ShardedState& state, const std::string& source) override;
-  // Parameters: the shards plus the largest unit's gathered parameters (held while it runs);
-  // gradients: the shards' (a unit's full gradient is staged while its backward runs, as zero2's
-  // buckets are); optimizer: the shards' state.
+  // Parameters: the shards plus the largest unit's gathered parameters (held while it runs) plus
+  // the frozen parameters, whole (Note [Frozen parameters]); gradients: the shards' (a unit's full
+  // gradient is staged while its backward runs, as zero2's buckets are); optimizer: the shards'
+  // state.
   MemoryReport memory() const override;
 
   const std::vector<std::unique_ptr<FsdpUnit>>& units() const { return units_; }

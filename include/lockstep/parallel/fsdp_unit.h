@@ -35,12 +35,15 @@ namespace lockstep::parallel {
 //             the unit's last bucket is reduced, reshard()s the unit: every parameter of the unit
 //             has its gradient by then, so no operation of its backward still needs the weights.
 // Bytes sent per step and rank: (N-1)/N x 4 x Psi three times (all-gather in forward, again in
-// backward, reduce-scatter), the ZeRO paper's 3Psi for stage 3.
+// backward, reduce-scatter), the ZeRO paper's 3Psi for stage 3. A unit's frozen parameters are
+// not in its flat buffer (Note [Frozen parameters]): they stay whole through reshard(), and a
+// block whose parameters are all frozen is in no unit.
 class FsdpUnit {
  public:
-  // `params` (name, fp32 parameter) in layout order; `bucket_cap_bytes` caps the gradient buckets.
-  // Leaves the unit resharded.
-  FsdpUnit(std::string name, const std::vector<std::pair<std::string, torch::Tensor>>& params,
+  // `params`: the unit's trainable fp32 parameters in layout order, of a model with
+  // `model_param_count` parameters; `bucket_cap_bytes` caps the gradient buckets. Leaves the unit
+  // resharded.
+  FsdpUnit(std::string name, const std::vector<IndexedParameter>& params, int64_t model_param_count,
            dist::ProcessGroup& group, int64_t bucket_cap_bytes);
   ~FsdpUnit();
   FsdpUnit(const FsdpUnit&) = delete;

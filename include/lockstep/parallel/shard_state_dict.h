@@ -24,8 +24,10 @@ namespace lockstep::parallel {
 // state written under any strategy and world size: each rank flattens it and keeps its range, so
 // a zero2 checkpoint resumes under ddp and a ddp checkpoint under zero1, on any number of ranks.
 // FSDP's optimizer steps one shard per unit (Note [FSDP units]): `flats` holds one layout per
-// tensor the shard optimizer steps, in its order, and their parameters, concatenated, are the
-// model's parameters in order. ZeRO passes its one layout.
+// tensor the shard optimizer steps, in its order; ZeRO passes its one layout. Each flat parameter
+// carries its model index, and the numbering runs over all the model's parameters: a frozen one
+// (Note [Frozen parameters]) keeps its number in param_groups[0]["params"] and has no entry in
+// "state", as with torch.optim.SGD(model.parameters()) in Python.
 
 // Collective (every rank of `group` calls it, in the same order as other collectives): the shard
 // optimizer's state in the per-parameter layout, the same on every rank.

@@ -33,7 +33,10 @@ namespace lockstep::parallel {
 // cut the same way into PyTorch's per-parameter optimizer layout (Note [Consolidated optimizer
 // state]); per-element scalars (Adam's step) are the same on every rank. So a sharded checkpoint
 // resumes shard by shard on the same strategy and world size (no rank reads another's file), and
-// under any other strategy or world size through the full form's path.
+// under any other strategy or world size through the full form's path. Frozen parameters (Note
+// [Frozen parameters]) are in no shard: every rank saves them whole, as it saves its buffers, so
+// its file alone restores them, and each layout lists its parameters' model indices, so the
+// reassembled optimizer state numbers every parameter as a replica's does.
 
 // Where the parameters of one flat buffer lie (see FlatParameters): the same on every rank.
 struct ShardLayout {
@@ -41,6 +44,7 @@ struct ShardLayout {
   std::vector<std::string> params;          // the parameters' state-dict names, in layout order
   std::vector<std::vector<int64_t>> shapes;  // their shapes
   std::vector<int64_t> offsets;             // their element offsets in the padded flat buffer
+  std::vector<int64_t> indices;             // their positions in the model's parameters()
   int64_t shard_numel = 0;                  // S: elements per rank (the buffer holds N x S)
 
   bool operator==(const ShardLayout& other) const;
@@ -51,8 +55,9 @@ struct ShardLayout {
 
 ShardLayout shard_layout(std::string name, const FlatParameters& flat);
 
-// Layouts as a pickled list of dicts {"name", "params", "shapes", "offsets", "shard_numel"}, and
-// back (errors name `source`).
+// Layouts as a pickled list of dicts {"name", "params", "shapes", "offsets", "indices",
+// "shard_numel"}, and back (errors name `source`). Files written before "indices" number the
+// parameters of the list consecutively, as they were then.
 c10::IValue layouts_to_ivalue(const std::vector<ShardLayout>& layouts);
 std::vector<ShardLayout> layouts_from_ivalue(const c10::IValue& value, const std::string& source);
 
@@ -65,23 +70,27 @@ struct ShardedState {
   c10::IValue optimizer;              // the shard optimizer's own state_dict(): entry k is shard k's
   c10::IValue scaler;                 // GradScaler.state_dict(); {} without loss scaling
   c10::Dict<std::string, torch::Tensor> buffers;  // this rank's module buffers, by state-dict key
+  c10::Dict<std::string, torch::Tensor> frozen;   // the frozen parameters, whole, by state-dict key
   std::vector<std::string> model_keys;            // the full state dict's keys, in order
 };
 
 // As a pickled dict {"rank", "world_size", "units": layouts, "shards": {unit: (S) tensor},
-// "optimizer", "scaler", "buffers", "model_keys"}, which Python's torch.load reads; and back.
+// "optimizer", "scaler", "buffers", "frozen", "model_keys"}, which Python's torch.load reads; and
+// back (a file without "frozen" has none).
 c10::impl::GenericDict sharded_state_to_dict(const ShardedState& state);
 ShardedState sharded_state_from_dict(const c10::IValue& value, const std::string& source);
 
 // A sharded strategy's Strategy::sharded_state_dict(): copies of `shards` (flat buffer k's range on
-// this rank), the shard optimizer's and the scaler's state and `module`'s buffers. Local.
+// this rank), the shard optimizer's and the scaler's state, `module`'s buffers and its parameters
+// that no layout lists (the frozen ones). Local.
 ShardedState make_sharded_state(const std::vector<ShardLayout>& layouts, const std::vector<torch::Tensor>& shards,
                                 const torch::optim::Optimizer& shard_optimizer, const amp::GradScaler& scaler,
                                 const torch::nn::Module& module, const dist::ProcessGroup& group);
 
 // Its Strategy::load_sharded_state_dict(): checks that `state` is this rank's of a run with the same
 // world size and `layouts` (errors name `source`, the unit and the fix), then copies its shards into
-// `shards` and loads the optimizer, the scaler (when it scales) and the buffers. Local.
+// `shards` and loads the optimizer, the scaler (when it scales), the buffers and the frozen
+// parameters. Local.
 void load_sharded_state(const ShardedState& state, const std::vector<ShardLayout>& layouts,
                         const std::vector<torch::Tensor>& shards, torch::optim::Optimizer& shard_optimizer,
                         amp::GradScaler& scaler, torch::nn::Module& module, const dist::ProcessGroup& group,

@@ -33,7 +33,8 @@ struct ZeroOptions {
 // shards into every rank's flat buffer. The optimizer state is written and read in the
 // per-parameter layout (Note [Consolidated optimizer state]), so checkpoints move between ddp,
 // zero1, zero2 and local and between world sizes. Buffers (BatchNorm statistics) are not
-// broadcast each step, as in DeepSpeed and FSDP: use SyncBatchNorm for equal statistics.
+// broadcast each step, as in DeepSpeed and FSDP: use SyncBatchNorm for equal statistics. Frozen
+// parameters stay whole outside the flat buffer and are never stepped (Note [Frozen parameters]).
 // Precision: O0 and O1 (autocast, loss scaling on the shard); O2 and O3 are refused.
 class ZeroStrategy : public Strategy {
  public:
