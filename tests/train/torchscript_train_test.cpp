@@ -110,8 +110,8 @@ TEST_F(TorchScriptTrain, FsdpPipelineAndCheckpointedActivationsEqualOneProcess) 
 }
 
 // The CNN with BatchNorm, dropout and a frozen first convolution under ddp on 2 ranks, in bf16
-// autocast with clipping and accumulation: the frozen weights do not move, the running statistics
-// do, and Python reads both files lockstep writes: the state dict into its own class, the
+// autocast with clipping and accumulation: the frozen weights do not move (nor under zero2), the
+// running statistics do, and Python reads both files lockstep writes: the state dict into its own class, the
 // TorchScript module with torch.jit.load; each gives the logits the C++ module gives (1e-6).
 TEST_F(TorchScriptTrain, CnnTrainsOnTwoRanksAndPythonRunsBothSavedFiles) {
   const auto r = train("cnn.pt", "--limit 2000 --batch-size 25 --precision bf16 --clip-norm 5 --accum-steps 2 "
@@ -128,6 +128,12 @@ TEST_F(TorchScriptTrain, CnnTrainsOnTwoRanksAndPythonRunsBothSavedFiles) {
   for (const std::string frozen : {"features.0.weight", "features.0.bias"})
     EXPECT_TRUE(torch::equal(trained.at(frozen), initial[frozen])) << frozen << " moved";
   EXPECT_FALSE(torch::equal(trained.at("fc.weight"), initial["fc.weight"]));
+  // Under zero2 too, with AdamW, whose weight decay would move a frozen weight that was stepped.
+  const auto zero2 = train("cnn.pt", "--batch-size 20 --strategy zero2 --optimizer adamw --save-model " +
+                                         (dir_ / "zero2.pt"), 2);
+  ASSERT_EQ(zero2.exit_code, 0) << zero2.output;
+  for (const std::string frozen : {"features.0.weight", "features.0.bias"})
+    EXPECT_TRUE(torch::equal(load_weights(dir_ / "zero2.pt").at(frozen), initial[frozen])) << frozen << " moved in zero2";
   EXPECT_GT(trained.at("features.1.num_batches_tracked").item<int64_t>(), 0);
   EXPECT_GT((trained.at("features.1.running_var") - 1).abs().max().item<double>(), 1e-3);
 
