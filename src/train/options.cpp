@@ -48,13 +48,14 @@ DataSplits load_data(const TrainOptions& o) {
   }
   DataSplits s{data::load_fashion_mnist(o.data_dir(), data::Split::kTrain).take(o.limit()),
            data::load_fashion_mnist(o.data_dir(), data::Split::kTest)};
-  if (!o.model_file().empty()) return s;  // the model's first forward checks the shape (image_data.cpp)
-  const auto want = models::input_shape(o.model());
+  // A TorchScript model's first forward checks the shape instead (image_data.cpp).
+  const auto want = o.model_file().empty() ? models::input_shape(o.model()) : std::vector<int64_t>{};
   for (const auto& [split, data] : {std::pair<const char*, const data::Dataset&>{"training", s.train}, {"test", s.test}}) {
     TORCH_CHECK_VALUE(data.size() > 0, "the ", split, " split in --data-dir '", o.data_dir(), "' holds no images: ",
                       "there is nothing to ", split == std::string("test") ? "measure accuracy on" : "train on",
                       "; point --data-dir at Fashion-MNIST's four IDX files");
     const auto have = data.images.sizes().slice(1);
+    if (want.empty()) continue;
     const bool fashion_mnist_shape = have.equals({1, 28, 28});
     TORCH_CHECK_VALUE(have.equals(want), "model '", o.model(), "' takes images of shape ", c10::IntArrayRef(want),
                       " but the ", split, " images in --data-dir '", o.data_dir(), "' have shape ", have,

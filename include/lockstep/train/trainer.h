@@ -113,7 +113,8 @@ class Trainer {
  public:
   // `model`'s weights are final here (the strategy may convert, broadcast or shard them); a
   // checkpoint resumed is loaded into it first. Strategies that need the model's blocks (fsdp's
-  // units, pipeline stages, activation checkpointing) take a models::Classifier. Collective: joins
+  // units, pipeline stages, activation checkpointing) take a models::Classifier (a
+  // models::TorchScriptModule is one). Collective: joins
   // the checkpoint restore and the strategy's setup. `eval_data` null: no evaluation.
   Trainer(torch::nn::AnyModule model, std::shared_ptr<TrainingData> train_data, TrainerOptions options,
           std::shared_ptr<TrainingData> eval_data = nullptr);
