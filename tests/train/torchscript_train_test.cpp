@@ -74,11 +74,19 @@ double max_difference(const std::string& a_path, const std::string& b_path) {
 }
 
 // 2 ranks x batch 20 equal 1 process x batch 40 (DistributedSampler and the averaged gradient), for
-// Python's residual MLP (LayerNorm is per sample, so the halves add up) under ddp and zero2.
-TEST_F(TorchScriptTrain, TwoRanksUnderDdpAndZero2EqualOneProcessWithTheDoubleBatch) {
+// Python's residual MLP (LayerNorm is per sample, so the halves add up) under ddp, zero1 and zero2;
+// and dp's 2 replicas on threads in one process.
+TEST_F(TorchScriptTrain, TwoRanksUnderDdpAndZeroEqualOneProcessWithTheDoubleBatch) {
   const auto one = train("image_mlp.pt", "--batch-size 40 --save-model " + (dir_ / "one.pt"));
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  for (const std::string strategy : {"ddp", "zero2"}) {
+  const auto dp = testing::run_command("timeout 300 " + kCli + " train --quiet --model-file " + (dir_ / "image_mlp.pt") +
+                                       " --seed 4 --threads 2 --limit 400 --batch-size 40 --strategy dp --replicas 2 "
+                                       "--save-model " + (dir_ / "dp.pt"));
+  ASSERT_EQ(dp.exit_code, 0) << dp.output;
+  std::cout << "[ measured ] dp with 2 replicas against 1 process: max |difference| "
+            << max_difference(dir_ / "one.pt", dir_ / "dp.pt") << "\n";
+  EXPECT_LE(max_difference(dir_ / "one.pt", dir_ / "dp.pt"), 1e-5);
+  for (const std::string strategy : {"ddp", "zero1", "zero2"}) {
     const auto two = train("image_mlp.pt", "--batch-size 20 --strategy " + strategy + " --save-model " +
                                                (dir_ / (strategy + ".pt")), 2);
     ASSERT_EQ(two.exit_code, 0) << two.output;
