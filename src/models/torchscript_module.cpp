@@ -114,6 +114,13 @@ torch::jit::Module load_torchscript(const std::string& file) {
   return module;
 }
 
+std::string script_error_message(const std::exception& e) {
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
+  std::string text = e.what();
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text.substr(text.rfind('\n') + 1);  // npos + 1: from the start
+}
+
 TorchScriptModuleImpl::TorchScriptModuleImpl(const std::string& file) : script_(load_torchscript(file)), file_(file) {
   const c10::FunctionSchema& schema = script_.get_method("forward").function().getSchema();
   const auto& args = schema.arguments();
@@ -188,14 +195,8 @@ void TorchScriptModuleImpl::check_input(const torch::Tensor& batch, int64_t num_
     torch::NoGradGuard no_grad;
     try {
       out = forward(batch);
-    } catch (const c10::Error& e) {
-      failure = e.what_without_backtrace();
-      failure = failure.substr(0, failure.find('\n'));
-    } catch (const std::exception& e) {  // the interpreter's: its tracebacks, then "RuntimeError: ..."
-      failure = e.what();
-      const size_t error = failure.rfind("Error: ");
-      if (error != std::string::npos) failure = failure.substr(failure.rfind('\n', error) + 1);
-      while (!failure.empty() && failure.back() == '\n') failure.pop_back();
+    } catch (const std::exception& e) {
+      failure = script_error_message(e);
     }
   }
   train(was_training);

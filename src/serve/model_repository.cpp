@@ -11,6 +11,7 @@
 #include "lockstep/core/process.h"
 #include "lockstep/export/weights_file.h"
 #include "lockstep/infer/predictor.h"
+#include "lockstep/models/torchscript_module.h"
 #include "lockstep/models/zoo.h"
 #include "torchscript_instance.h"
 
@@ -37,12 +38,6 @@ std::string shapes_text(const ModelConfig& config, const std::vector<TensorSpec>
   return c10::Join(", ", items);
 }
 
-// The last line of `text` that is not empty.
-std::string last_line(std::string text) {
-  while (!text.empty() && text.back() == '\n') text.pop_back();
-  return text.substr(text.rfind('\n') + 1);  // npos + 1: from the start
-}
-
 // One instance: its own module loaded from `file` (see Note [Intra-op threads of instances]),
 // checked with one forward of a zero sample of each input as config.pbtxt declares it.
 Batcher::Instance load_instance(const ModelConfig& config, const std::string& file) {
@@ -62,12 +57,8 @@ Batcher::Instance load_instance(const ModelConfig& config, const std::string& fi
   try {
     out = instance(zeros);
   } catch (const std::exception& e) {
-    // A c10::Error without its C++ backtrace; the TorchScript interpreter's error is the script's
-    // traceback with the error itself on the last line.
-    const auto* error = dynamic_cast<const c10::Error*>(&e);
     TORCH_CHECK(false, "model '", config.name, "' ('", file, "') fails on zero inputs as config.pbtxt declares them (",
-                shapes_text(config, config.inputs), "): ",
-                error != nullptr ? error->what_without_backtrace() : last_line(e.what()));
+                shapes_text(config, config.inputs), "): ", models::script_error_message(e));
   }
   TORCH_CHECK(out.size() == config.outputs.size(), "model '", config.name, "' ('", file, "') returns ", out.size(),
               " output(s) where config.pbtxt declares ", config.outputs.size());

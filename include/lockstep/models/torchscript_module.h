@@ -37,7 +37,7 @@ namespace lockstep::models {
 class TorchScriptModuleImpl : public Classifier {
  public:
   // Loads `file`; throws c10::Error naming it when it is not a TorchScript module whose forward
-  // takes one tensor, or when it has no parameters to train.
+  // takes one tensor (check_input refuses one without parameters).
   explicit TorchScriptModuleImpl(const std::string& file);
 
   // input (B, ...) -> the script's output (B, ...): its own forward, or block by block through
@@ -49,7 +49,6 @@ class TorchScriptModuleImpl : public Classifier {
   void train(bool on = true) override;
 
   torch::jit::Module& script() { return script_; }
-  const std::string& file() const { return file_; }
 
   // Runs `batch` (B, ...) through the model once, in eval mode and without autograd, and checks
   // that it gives (B, K) logits with K >= num_classes. Throws c10::ValueError naming the file,
@@ -66,6 +65,11 @@ TORCH_MODULE(TorchScriptModule);
 
 // torch::jit::load(file) with a forward method, or a c10::Error naming the file and the fix.
 torch::jit::Module load_torchscript(const std::string& file);
+
+// What went wrong when a script ran, for an error message of one's own: a c10::Error's message
+// without its C++ backtrace; the TorchScript interpreter's error (the script's traceback, then the
+// error itself, "RuntimeError: ...") as its last line.
+std::string script_error_message(const std::exception& e);
 
 // Writes the TorchScript module of `source` (a file torch.jit.save wrote) with its parameters and
 // buffers replaced by `weights` (a state dict with the same keys, e.g. Strategy::model_state_dict
