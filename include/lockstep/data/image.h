@@ -1,0 +1,22 @@
+#pragma once
+// Image files as torchvision's ImageFolder reads them.
+
+#include <torch/types.h>
+
+#include <cstddef>
+#include <string>
+
+namespace lockstep::data {
+
+// A JPEG or PNG file (told apart by its first bytes, not its name) decoded as torchvision's
+// default loader does, PIL's Image.open(path).convert("RGB"): uint8 (H, W, 3). Grayscale is
+// repeated into the three channels, an alpha channel is dropped (not composited), a palette is
+// expanded. JPEG through libjpeg-turbo with PIL's settings (islow DCT, fancy upsampling), PNG
+// through libpng. Throws c10::Error naming `path` and the decoder's complaint for a file that
+// cannot be read, is neither format, or is corrupt or truncated.
+torch::Tensor read_image(const std::string& path);
+
+// The same from bytes in memory; `name` is what errors call them.
+torch::Tensor decode_image(const void* bytes, size_t size, const std::string& name);
+
+}  // namespace lockstep::data
