@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -124,7 +125,11 @@ inline bool process_alive(pid_t pid) {
   return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
 }
 
-// A port P such that P and P + 1 were both free a moment ago (`lockstep run` uses both).
+// A port P such that P and P + 1 were both free a moment ago (`lockstep run` uses both), drawn
+// from below the kernel's ephemeral range. A port inside that range can be taken by any outgoing
+// connection, including a rank's own retried connect to it: on loopback such a connect can pick
+// the port it dials as its source and connect to itself (TCP simultaneous open), so the server that
+// starts a moment later finds its port "already in use". That flaked a multi-node test in CI.
 inline int free_port_pair() {
   auto bindable = [](int port) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -136,9 +141,13 @@ inline int free_port_pair() {
     ::close(fd);
     return ok;
   };
+  int ephemeral_low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  const int low = 10000;
+  const int high = std::max(low + 1000, ephemeral_low - 1);  // P + 1 stays below the range
   std::random_device random;
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const int port = 20000 + static_cast<int>(random() % 40000);
+    const int port = low + static_cast<int>(random() % static_cast<unsigned>(high - low));
     if (bindable(port) && bindable(port + 1)) return port;
   }
   return 0;

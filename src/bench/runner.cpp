@@ -1,9 +1,6 @@
 #include "lockstep/bench/runner.h"
 
 #include <c10/util/Exception.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -14,24 +11,10 @@
 #include "lockstep/bench/child_run.h"
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/core/process.h"
+#include "lockstep/launch/rendezvous.h"
 
 namespace lockstep::bench {
 namespace {
-
-// A TCP port that was free a moment ago, for the peer's MASTER_PORT.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 29611;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
 
 // Reads a finished row's summary into `r`: ok, or the error; on success the fields every run
 // reports (time, samples/s, peak RSS, accuracy). Returns the summary (null on failure).
@@ -82,7 +65,7 @@ log::BenchRow peer_row(const BenchOptions& o, const BenchConfig& c, const std::s
   r.name = c.name, r.implementation = "pytorch", r.world_size = c.world_size, r.threads = c.threads;
   r.setup = std::to_string(c.world_size) + " x " + std::to_string(c.threads) + ", batch " + std::to_string(batch);
   r.note = "PyTorch 1.13 DDP on Gloo (../shared/peer); reports no loss or memory breakdown";
-  const auto code = run_child(argv, {"N=" + std::to_string(c.world_size), "PORT=" + std::to_string(free_port()),
+  const auto code = run_child(argv, {"N=" + std::to_string(c.world_size), "PORT=" + std::to_string(launch::free_tcp_port()),
                                      "OMP_NUM_THREADS=" + std::to_string(c.threads)},
                               log_path, o.timeout());
   read_summary(r, code, log_path, o.timeout());

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -264,19 +266,45 @@ void Rendezvous::leave(int64_t round) {
   }
 }
 
-int free_tcp_port() {
+namespace {
+
+// Whether a TCP socket can bind `port` on every address now (0: the kernel picks); the port bound.
+int bind_port(int port) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   TORCH_CHECK(fd.valid(), "socket: ", std::strerror(errno));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = 0;
-  TORCH_CHECK(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0,
-              "cannot bind a TCP port: ", std::strerror(errno));
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
   socklen_t len = sizeof(addr);
   TORCH_CHECK(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0,
               "getsockname: ", std::strerror(errno));
   return ntohs(addr.sin_port);
+}
+
+}  // namespace
+
+// Note [Ports outside the ephemeral range]
+// The port is drawn from below the kernel's ephemeral range (ip_local_port_range), not taken from
+// a bind to port 0, which answers with a port inside it. Workers other than rank 0 dial the port,
+// retrying, before rank 0 listens on it; on loopback a retried connect to a port of the ephemeral
+// range can be given that same port as its source and connect to itself (TCP simultaneous open),
+// and rank 0 then fails with "address already in use". Outside the range no connect takes it.
+int free_tcp_port() {
+  int ephemeral_low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  constexpr int kLow = 10000;
+  if (ephemeral_low > kLow + 1000) {
+    std::random_device random;
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      const int port = kLow + static_cast<int>(random() % static_cast<unsigned>(ephemeral_low - kLow));
+      if (bind_port(port) == port) return port;
+    }
+  }
+  const int port = bind_port(0);
+  TORCH_CHECK(port > 0, "cannot bind a TCP port: ", std::strerror(errno));
+  return port;
 }
 
 }  // namespace lockstep::launch

@@ -13,22 +13,13 @@
 #include <thread>
 #include <vector>
 
+#include "../test_util.h"
 #include "lockstep/dist/process_group.h"
 
 namespace lockstep::testing {
 
-// A TCP port that was free a moment ago (the kernel's choice for port 0).
-inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+// A TCP port that was free a moment ago, outside the kernel's ephemeral range (see free_port_pair).
+inline int free_port() { return free_port_pair(); }
 
 inline dist::InitOptions loopback(int64_t rank, int64_t world, int port,
                                   std::chrono::milliseconds timeout = std::chrono::seconds(20)) {

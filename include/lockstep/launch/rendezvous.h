@@ -95,7 +95,8 @@ class Rendezvous {
   std::set<int64_t> silent_;  // nodes declared failed by their silence
 };
 
-// A TCP port that was free on this host a moment ago (bound to port 0 and released).
+// A TCP port that was free on this host a moment ago, below the kernel's ephemeral range where
+// one exists (Note [Ports outside the ephemeral range]).
 int free_tcp_port();
 
 }  // namespace lockstep::launch
