@@ -10,6 +10,7 @@
 
 #include "lockstep/core/process.h"
 #include "lockstep/log/svg_chart.h"
+#include "json_number.h"
 
 namespace lockstep::log {
 namespace {
@@ -29,12 +30,6 @@ std::string fixed(double v, int digits) {
 }
 
 std::string mib(int64_t bytes) { return fixed(static_cast<double>(bytes) / kMiB, 2); }
-
-// A number that may be null (NaN is written as null: the peer reports no loss).
-double number(const nlohmann::ordered_json& o, const char* key) {
-  const auto it = o.find(key);
-  return it != o.end() && it->is_number() ? it->get<double>() : NAN;
-}
 
 std::string label(const BenchRow& r) { return r.implementation == "lockstep" ? r.name : r.implementation + " " + r.name; }
 
@@ -82,7 +77,7 @@ BenchResults results_from_json(const nlohmann::ordered_json& j, const std::strin
     r.grad_bytes = o.value("grad_bytes", int64_t{0});
     r.optim_bytes = o.value("optim_bytes", int64_t{0});
     r.comm_bytes_per_step = o.value("comm_bytes_per_step", int64_t{0});
-    r.final_loss = number(o, "final_loss");
+    r.final_loss = json_number(o, "final_loss");
     r.test_acc = o.value("test_acc", 0.0);
     r.note = o.value("note", "");
     b.rows.push_back(std::move(r));
