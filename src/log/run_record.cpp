@@ -10,7 +10,7 @@
 namespace lockstep::log {
 namespace {
 
-double number(const nlohmann::ordered_json& j, const char* key, double missing = 0.0) {
+double json_number(const nlohmann::ordered_json& j, const char* key, double missing = 0.0) {
   const auto it = j.find(key);
   if (it == j.end()) return missing;
   return it->is_number() ? it->get<double>() : NAN;  // null: a NaN the writer could not express
@@ -52,19 +52,19 @@ RunRecord read_run_log(const std::string& path) {
       StepRecord s;
       s.step = integer(j, "step");
       s.epoch = integer(j, "epoch");
-      s.loss = number(j, "loss", NAN);
-      s.lr = number(j, "lr");
-      s.samples_per_s = number(j, "samples_per_s");
-      s.loss_scale = number(j, "loss_scale");
+      s.loss = json_number(j, "loss", NAN);
+      s.lr = json_number(j, "lr");
+      s.samples_per_s = json_number(j, "samples_per_s");
+      s.loss_scale = json_number(j, "loss_scale");
       s.skipped_steps = integer(j, "skipped_steps");
       steps[s.step] = s;
     } else if (event == "epoch") {
       EpochRecord e;
       e.epoch = integer(j, "epoch");
       e.step = integer(j, "step");
-      e.train_loss = number(j, "train_loss", NAN);
-      e.test_acc = number(j, "test_acc", NAN);
-      e.train_s = number(j, "train_s");
+      e.train_loss = json_number(j, "train_loss", NAN);
+      e.test_acc = json_number(j, "test_acc", NAN);
+      e.train_s = json_number(j, "train_s");
       epochs[e.epoch] = e;
     } else if (event == "skipped_step") {
       skips[integer(j, "step")] = {integer(j, "step"), string_field(j, "reason")};
