@@ -56,6 +56,32 @@ void parse_data(const std::string& text, train::TrainOptions& o) {
   o.data(enum_from_name<train::DataSource>(train::data_source_names(), text, "--data"));
 }
 
+// --data imagefolder / csv, and the background loader.
+void add_file_data_options(CLI::App* cmd, const std::shared_ptr<train::TrainOptions>& o) {
+  auto* files = "Your data (--data imagefolder|csv; docs/data.md)";
+  cmd->add_option("--data-file", o->data_file(), "csv: the file (a header line, numeric features)")->group(files);
+  cmd->add_option("--label-column", o->label_column(), "csv: the column of the class labels")
+      ->capture_default_str()->group(files);
+  cmd->add_option("--transform", o->transform(),
+                  "imagefolder: torchvision transforms as in Python, e.g. \"RandomCrop(28, padding=4), "
+                  "RandomHorizontalFlip(), ToTensor(), Normalize((0.5,), (0.5,))\"")
+      ->default_str("ToTensor()")->group(files);
+  cmd->add_option("--val-transform", o->val_transform(), "imagefolder: transforms of the held-out images")
+      ->default_str("--transform without its random steps")->group(files);
+  cmd->add_option("--val-dir", o->val_dir(), "imagefolder: held-out images, the same class sub-directories")
+      ->group(files);
+  cmd->add_option("--val-split", o->val_split(), "Hold out this fraction of the training samples (seeded by --seed)")
+      ->group(files);
+  cmd->add_flag("--skip-bad-samples", o->skip_bad_samples(),
+                "Leave images that cannot be decoded out of their batch, with a warning, instead of failing")
+      ->group(files);
+  cmd->add_option("--workers", o->trainer().loader().workers(),
+                  "Threads that load and transform batches while the step runs (0: on the training thread)")
+      ->check(cli::non_negative_count())->capture_default_str()->group(files);
+  cmd->add_option("--prefetch", o->trainer().loader().prefetch(), "Batches each worker builds ahead of the step")
+      ->check(cli::positive_count())->capture_default_str()->group(files);
+}
+
 // --data fortunes / text:FILE: tokenizer, task, batching and embedding options.
 void add_text_options(CLI::App* cmd, const std::shared_ptr<train::TrainOptions>& o) {
   auto* text = "Text (--model gpt-mini --data fortunes|text:FILE)";
@@ -118,8 +144,8 @@ Command add_train_command(CLI::App& app) {
         }
       },
                                         "Dataset: fashion-mnist, synthetic (seeded random images), fortunes "
-                                        "(/usr/share/games/fortunes) or text:FILE (one entry per line, or '%' "
-                                        "separators)")
+                                        "(/usr/share/games/fortunes), text:FILE (one entry per line, or '%' "
+                                        "separators), imagefolder (--data-dir) or csv (--data-file)")
       ->default_str("fashion-mnist");
   add_enum_option<parallel::StrategyKind>(cmd, "--strategy", parallel::strategy_names(), [o](auto v) { o->trainer().strategy(v); },
                                           "How ranks hold and step the model", "ddp under a launcher, else local");
@@ -131,7 +157,9 @@ Command add_train_command(CLI::App& app) {
   cmd->add_flag("--checkpoint-activations", t.checkpoint_activations(),
                 "Recompute each block's activations in backward instead of keeping them (less memory, one more "
                 "forward)");
-  cmd->add_option("--data-dir", o->data_dir(), "Directory with the Fashion-MNIST IDX files");
+  cmd->add_option("--data-dir", o->data_dir(),
+                  "Directory with the Fashion-MNIST IDX files; imagefolder: one sub-directory of images per class");
+  add_file_data_options(cmd, o);
   cmd->add_option("--limit", o->limit(), "Use only the first N training samples (0: all)")
       ->check(cli::non_negative_count());
   cmd->add_option("--epochs", t.epochs(), "Epochs to train")->check(cli::positive_count());

@@ -374,6 +374,22 @@ torch::Tensor Transforms::operator()(const torch::Tensor& image, SampleRandom& r
   return x.scalar_type() == torch::kUInt8 ? functional::to_tensor(x) : x;
 }
 
+Transforms Transforms::for_evaluation() const {
+  Transforms out;
+  for (const auto& step : steps_) {
+    if (const auto* crop = dynamic_cast<const RandomResizedCrop*>(step.get())) {
+      const int64_t h = crop->height(), w = crop->width();
+      out.steps_.push_back(std::make_shared<Resize>(h == w ? std::vector<int64_t>{h} : std::vector<int64_t>{h, w}));
+      out.steps_.push_back(std::make_shared<CenterCrop>(h, w));
+    } else if (const auto* crop = dynamic_cast<const RandomCrop*>(step.get())) {
+      out.steps_.push_back(std::make_shared<CenterCrop>(crop->height(), crop->width()));
+    } else if (!dynamic_cast<const RandomHorizontalFlip*>(step.get())) {
+      out.steps_.push_back(step);
+    }
+  }
+  return out;
+}
+
 bool Transforms::random() const {
   return std::any_of(steps_.begin(), steps_.end(), [](const auto& step) { return step->random(); });
 }

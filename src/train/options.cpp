@@ -27,7 +27,7 @@ const std::vector<std::string>& precision_names() {
 }
 
 const std::vector<std::string>& data_source_names() {
-  static const std::vector<std::string> names{"fashion-mnist", "synthetic", "fortunes", "text"};
+  static const std::vector<std::string> names{"fashion-mnist", "synthetic", "fortunes", "text", "imagefolder", "csv"};
   return names;
 }
 
@@ -92,6 +92,30 @@ c10::impl::GenericDict TrainOptions::run_settings(int64_t world_size) const {
 }
 
 
+namespace {
+
+// The options of --data imagefolder and csv: given where they apply, and only there.
+void validate_data_files(const TrainOptions& o) {
+  const std::string data = enum_name(data_source_names(), o.data());
+  const bool folder = o.data() == DataSource::kImageFolder, csv = o.data() == DataSource::kCsv;
+  TORCH_CHECK_VALUE(!folder || o.data_dir() != data::kDefaultFashionMnistDir, "--data imagefolder needs --data-dir: ",
+                    "a directory with one sub-directory of images per class (torchvision's ImageFolder layout)");
+  TORCH_CHECK_VALUE(!csv || !o.data_file().empty(), "--data csv needs --data-file: a CSV file with a header line ",
+                    "and a label column (--label-column, default 'label')");
+  TORCH_CHECK_VALUE(csv || o.data_file().empty(), "--data-file '", o.data_file(), "' is read by --data csv, not --data ",
+                    data, "; add --data csv or drop --data-file");
+  TORCH_CHECK_VALUE(folder || (o.transform().empty() && o.val_transform().empty() && o.val_dir().empty()),
+                    "--transform, --val-transform and --val-dir apply to --data imagefolder, not --data ", data);
+  TORCH_CHECK_VALUE(o.files() || (o.val_split() == 0.0 && !o.skip_bad_samples()),
+                    "--val-split and --skip-bad-samples apply to --data imagefolder and csv, not --data ", data);
+  TORCH_CHECK_VALUE(o.val_split() == 0.0 || (o.val_split() > 0.0 && o.val_split() < 1.0), "--val-split ",
+                    o.val_split(), " must be a fraction in (0, 1), e.g. 0.1 to hold out a tenth of the samples");
+  TORCH_CHECK_VALUE(o.val_split() == 0.0 || o.val_dir().empty(), "--val-split ", o.val_split(), " and --val-dir '",
+                    o.val_dir(), "' both name the held-out images; pass one of them");
+}
+
+}  // namespace
+
 void TrainOptions::validate() const {
   const TrainerOptions& t = trainer();
   const parallel::StrategyOptions& so = t.strategy_options();
@@ -101,7 +125,8 @@ void TrainOptions::validate() const {
   const bool text_model = std::count(text_models.begin(), text_models.end(), model()) > 0;
   if (!model_file().empty()) {
     TORCH_CHECK_VALUE(!text(), "--model-file '", model_file(), "' with --data ", enum_name(data_source_names(), data()),
-                      ": a TorchScript model trains on images (--data fashion-mnist or synthetic) so far");
+                      ": a TorchScript model trains on images or tables (--data fashion-mnist, synthetic, imagefolder ",
+                    "or csv) so far");
     TORCH_CHECK_VALUE(!sync_bn(), "--sync-bn with --model-file '", model_file(), "': its BatchNorm layers run inside ",
                       "the TorchScript file, where lockstep cannot replace them by SyncBatchNorm; drop --sync-bn (each rank's "
                       "BatchNorm then normalises over its own batch, as DDP without SyncBatchNorm does in Python)");
@@ -113,7 +138,9 @@ void TrainOptions::validate() const {
   }
   TORCH_CHECK_VALUE(text() == text_model || !model_file().empty(), "--model ", model(), " and --data ",
                     enum_name(data_source_names(), data()), " do not go together: gpt-mini trains on text (--data ",
-                    "fortunes or --data text:FILE), the other models on images (--data fashion-mnist or synthetic)");
+                    "fortunes or --data text:FILE), the other models on images (--data fashion-mnist, synthetic or ",
+                    "imagefolder) and mlp on --data csv");
+  validate_data_files(*this);
   TORCH_CHECK_VALUE(data() != DataSource::kText || !text_file().empty(), "--data text needs a file: --data text:FILE");
   TORCH_CHECK_VALUE(max_tokens() >= 0, "--max-tokens ", max_tokens(), " must be >= 0 (0: --batch-size sequences)");
   TORCH_CHECK_VALUE(max_length() >= 2, "--max-length ", max_length(), " must be at least 2 tokens");

@@ -16,11 +16,13 @@
 
 namespace lockstep::train {
 
+// A freshly initialised model for the data; with `initial_weights`, --init-weights loaded (text:
+// the embeddings resized to the tokenizer after it).
+using ModelFactory = std::function<std::shared_ptr<models::Classifier>(dist::ProcessGroup* group, bool initial_weights)>;
+
 struct ReferenceData {
   std::shared_ptr<TrainingData> train, test;
-  // A freshly initialised --model for this data; with `initial_weights`, --init-weights loaded
-  // (text: the embeddings resized to the tokenizer after it).
-  std::function<std::shared_ptr<models::Classifier>(dist::ProcessGroup* group, bool initial_weights)> make_model;
+  ModelFactory make_model;  // --model or --model-file for this data
   parallel::LossFunction loss;
   Metric metric = Metric::kAccuracy;
   int64_t eval_batch_size = 200;
@@ -29,7 +31,8 @@ struct ReferenceData {
   std::vector<std::pair<std::string, std::string>> run_settings;
 };
 
-// Fashion-MNIST or synthetic images (see load_data) and their classifier.
+// Fashion-MNIST or synthetic images (see load_data), an image folder or a CSV file, and their
+// classifier.
 ReferenceData make_image_data(const TrainOptions& o);
 // Fortunes or a text file and gpt-mini (see Note [Text training]).
 ReferenceData make_text_data(const TrainOptions& o);

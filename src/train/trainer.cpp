@@ -44,6 +44,7 @@ class Trainer::Loop {
         profiler_(StepProfilerOptions().enabled(o_.profile() || !o_.trace().empty())) {
     o_.validate();
     TORCH_CHECK_VALUE(data_ != nullptr, "Trainer: no training data");
+    loader_ = std::make_unique<BatchLoader>(data_, o_.loader());
     if (o_.report_memory()) tensor_memory_.emplace();  // strategies that count activations read it
     result_.world_size = group_ ? group_->size() : 1;
     result_.rank = rank_;
@@ -104,6 +105,7 @@ class Trainer::Loop {
   TrainResult fit() {
     for (; pos_.epoch < o_.epochs(); pos_ = pos_.next_epoch())
       train_epoch(data_->batches(epoch_batches(pos_.epoch, replicas_, replica_)));
+    loader_.reset();  // the workers end with the epochs
     if (result_.epochs.empty()) {  // resumed from a finished run: its model is evaluated and written as is
       set_evaluation(result_, evaluate_model());
       result_.final_loss = NAN;
@@ -153,12 +155,13 @@ class Trainer::Loop {
       progress.emplace(*o_.progress(), o_.progress() == &std::cout && stdout_is_terminal(),
                        "epoch " + std::to_string(pos_.epoch + 1) + "/" + std::to_string(o_.epochs()), n);
     const int64_t first = std::min(pos_.micro_batch, micro_batches);
+    loader_->start(batches, first, pos_.epoch, o_.seed());
     const auto t0 = Clock::now();
     while (pos_.micro_batch < micro_batches) {
       // Groups of k micro-batches start at multiples of k, so a resumed epoch steps where the
       // original did.
       const int64_t begin = pos_.micro_batch, end = std::min(begin + k, micro_batches);
-      const double loss = step(batches, begin, end);
+      const double loss = step(end - begin);
       pos_.micro_batch = end;
       {
         auto phase = profiler_.scope(Phase::kLogging);
@@ -185,16 +188,16 @@ class Trainer::Loop {
     if (checkpointer_->enabled()) checkpointer_->save(pos_.next_epoch(), *strategy_);  // this epoch is done
   }
 
-  // One optimizer step over micro-batches [begin, end) of `batches`. Returns the step's loss: the
+  // One optimizer step over the loader's next `count` micro-batches. Returns the step's loss: the
   // mean over its samples (text: target tokens), as one batch of them would give.
-  double step(const std::vector<std::vector<int64_t>>& batches, int64_t begin, int64_t end) {
+  double step(int64_t count) {
     std::vector<parallel::MicroBatch> micro_batches;
     {
       auto phase = profiler_.scope(Phase::kData);
       std::vector<int64_t> counts;
       int64_t total = 0;
-      for (int64_t i = begin; i < end; ++i) {
-        Example batch = data_->get_batch(batches[i]);
+      for (int64_t i = 0; i < count; ++i) {
+        Example batch = loader_->next();  // what is left of the wait when workers build ahead
         counts.push_back(data_->count(batch));
         total += counts.back();
         micro_batches.push_back({std::move(batch.data), std::move(batch.target)});
@@ -273,6 +276,7 @@ class Trainer::Loop {
   const int64_t rank_;
   const bool leader_;
   std::shared_ptr<TrainingData> data_, eval_data_;
+  std::unique_ptr<BatchLoader> loader_;
   std::optional<TensorMemoryCounter> tensor_memory_;  // report_memory
   StepProfiler profiler_;
   std::unique_ptr<Checkpointer> checkpointer_;

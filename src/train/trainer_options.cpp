@@ -18,6 +18,7 @@ void TrainerOptions::validate() const {
   TORCH_CHECK_VALUE(max_skipped_steps() >= 1, "TrainerOptions: max_skipped_steps=", max_skipped_steps(),
                     " must be at least 1");
   TORCH_CHECK_VALUE(log_every() >= 1, "TrainerOptions: log_every=", log_every(), " must be at least 1");
+  loader().validate();
   TORCH_CHECK_VALUE(static_cast<bool>(loss()), "TrainerOptions: no loss function; set loss (default: cross_entropy_loss)");
   const CheckpointerOptions& c = checkpoint();
   TORCH_CHECK_VALUE(c.save_every() >= 0 && c.keep_last() >= 0, "CheckpointerOptions: save_every=", c.save_every(),

@@ -201,6 +201,18 @@ TEST(TransformSpec, GoodSpecsRoundTripThroughStr) {
   EXPECT_FALSE(Transforms::parse("Resize(28)").random());
 }
 
+// Held-out images get each random step's deterministic counterpart, as torchvision's reference
+// scripts pair them.
+TEST(TransformSpec, ForEvaluationReplacesEachRandomStepByItsCounterpart) {
+  EXPECT_EQ(Transforms::parse("RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(), Normalize((0.5,), (0.5,))")
+                .for_evaluation().str(),
+            "Compose(Resize(224), CenterCrop(224), ToTensor(), Normalize(mean=(0.5,), std=(0.5,)))");
+  EXPECT_EQ(Transforms::parse("RandomCrop((28, 20), padding=4), Grayscale()").for_evaluation().str(),
+            "Compose(CenterCrop((28, 20)), Grayscale(), ToTensor())");
+  EXPECT_FALSE(Transforms::parse("RandomResizedCrop((32, 48)), RandomHorizontalFlip(p=1)").for_evaluation().random());
+  EXPECT_EQ(Transforms::parse("Resize(32)").for_evaluation().str(), "Compose(Resize(32), ToTensor())");
+}
+
 // Bad specs: c10::ValueError naming the spec, the offending text and what is known.
 TEST(TransformSpec, BadSpecsNameTheSpecTheTextAndWhatIsKnown) {
   const std::vector<std::pair<std::string, std::string>> cases = {

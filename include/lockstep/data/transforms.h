@@ -107,6 +107,8 @@ class RandomResizedCrop : public Transform {
   torch::Tensor apply(const torch::Tensor& image, SampleRandom& random) const override;
   std::string str() const override;
   bool random() const override { return true; }
+  int64_t height() const { return height_; }
+  int64_t width() const { return width_; }
 
  private:
   int64_t height_, width_;
@@ -125,6 +127,8 @@ class RandomCrop : public Transform {
   torch::Tensor apply(const torch::Tensor& image, SampleRandom& random) const override;
   std::string str() const override;
   bool random() const override { return true; }
+  int64_t height() const { return height_; }
+  int64_t width() const { return width_; }
 
  private:
   int64_t height_, width_;
@@ -188,6 +192,11 @@ class Transforms {
 
   // uint8 (H, W, C) in, float (C, H, W) out.
   torch::Tensor operator()(const torch::Tensor& image, SampleRandom& random) const;
+
+  // The pipeline for held-out images: each random step replaced by its deterministic
+  // counterpart, as torchvision's reference scripts pair them: RandomResizedCrop(s) by Resize(s),
+  // CenterCrop(s); RandomCrop(s, ...) by CenterCrop(s); RandomHorizontalFlip by nothing.
+  Transforms for_evaluation() const;
 
   bool random() const;       // any step draws random numbers
   std::string str() const;   // "Compose(...)" as parsed, canonical

@@ -24,8 +24,8 @@ namespace lockstep::train {
 // core/names.h).
 enum class Precision { kFp32, kBf16, kFp16 };
 const std::vector<std::string>& precision_names();  // fp32, bf16, fp16
-enum class DataSource { kFashionMnist, kSynthetic, kFortunes, kText };
-// fashion-mnist, synthetic, fortunes, text (the CLI spells the last text:FILE)
+enum class DataSource { kFashionMnist, kSynthetic, kFortunes, kText, kImageFolder, kCsv };
+// fashion-mnist, synthetic, fortunes, text (the CLI spells it text:FILE), imagefolder, csv
 const std::vector<std::string>& data_source_names();
 // What a text model learns from an entry: its next tokens, or its category.
 enum class TextTask { kLm, kClassify };
@@ -45,8 +45,17 @@ struct TrainOptions {
   TORCH_ARG(std::string, model_file) = "";
   TORCH_ARG(std::string, save_torchscript) = "";
   TORCH_ARG(DataSource, data) = DataSource::kFashionMnist;
-  TORCH_ARG(std::string, data_dir) = data::kDefaultFashionMnistDir;
+  TORCH_ARG(std::string, data_dir) = data::kDefaultFashionMnistDir;  // imagefolder: its root
   TORCH_ARG(int64_t, limit) = 0;                         // first N training samples; 0: all
+
+  // Files of the user's (--data imagefolder or csv); see docs/data.md.
+  TORCH_ARG(std::string, data_file) = "";                // csv: the file
+  TORCH_ARG(std::string, label_column) = "label";        // csv: the column of the class labels
+  TORCH_ARG(std::string, transform) = "";                // imagefolder: torchvision transforms; "": ToTensor()
+  TORCH_ARG(std::string, val_transform) = "";            // "": transform's evaluation counterpart
+  TORCH_ARG(std::string, val_dir) = "";                  // imagefolder: a held-out folder of the same classes
+  TORCH_ARG(double, val_split) = 0.0;                    // a seeded held-out fraction of the training files
+  TORCH_ARG(bool, skip_bad_samples) = false;             // leave undecodable images out, with a warning
 
   // Text (--data fortunes or text:FILE, --model gpt-mini); see Note [Text training].
   TORCH_ARG(std::string, text_file) = "";                // text: a file (one entry per line, or '%'
@@ -122,6 +131,8 @@ struct TrainOptions {
   // which may change (see Note [Resuming on another world size]).
   c10::impl::GenericDict run_settings(int64_t world_size) const;
   bool text() const { return data() == DataSource::kFortunes || data() == DataSource::kText; }
+  // The user's files: --data imagefolder or csv.
+  bool files() const { return data() == DataSource::kImageFolder || data() == DataSource::kCsv; }
   // What the run trains, as logs and checkpoints record it: `model`, or "torchscript:" and the
   // model file's name.
   std::string model_name() const;

@@ -26,6 +26,7 @@
 #include "lockstep/log/run_log.h"
 #include "lockstep/parallel/strategy.h"
 #include "lockstep/parallel/strategy_registry.h"
+#include "lockstep/train/batch_loader.h"
 #include "lockstep/train/checkpointer.h"
 #include "lockstep/train/evaluate.h"
 #include "lockstep/train/lr_schedule.h"
@@ -71,7 +72,9 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, epochs) = 1;
   TORCH_ARG(int64_t, batch_size) = 100;   // samples per micro-batch and replica
   TORCH_ARG(int64_t, accum_steps) = 1;    // micro-batches per optimizer step (DDP no_sync on all but the last)
-  TORCH_ARG(uint64_t, seed) = 0;          // of the data order
+  TORCH_ARG(uint64_t, seed) = 0;          // of the data order and the data's random transforms
+  // Training batches built on worker threads ahead of the step (see Note [Background loading]).
+  TORCH_ARG(LoaderOptions, loader);
   TORCH_ARG(parallel::LossFunction, loss) = cross_entropy_loss;
   // The held-out split's measure and its batch.
   TORCH_ARG(Metric, metric) = Metric::kAccuracy;

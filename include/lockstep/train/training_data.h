@@ -35,7 +35,9 @@ struct EpochBatches {
 
 // A training (or held-out) split that the user implements the way LibTorch's
 // torch::data::datasets::Dataset is implemented: sized, indexable, with a collate step. Only
-// size() and get() are required; the rest have the defaults a PyTorch user expects.
+// size() and get() are required; the rest have the defaults a PyTorch user expects. With loader
+// workers (TrainerOptions::loader) get() and get_batch() run on several threads at once, so they
+// must not change the object (see Note [Background loading]).
 class TrainingData {
  public:
   virtual ~TrainingData() = default;
@@ -56,6 +58,12 @@ class TrainingData {
   // The replica's batches of an epoch; every replica gets as many. DistributedSampler's shuffled
   // order, cut into batch_size pieces (the last may be smaller).
   virtual std::vector<std::vector<int64_t>> batches(const EpochBatches& epoch);
+  // Called before an epoch's batches are read, while none is being built: what a sample's
+  // random transforms are keyed by (with the sample's index; see data::SampleRandom).
+  virtual void set_epoch(int64_t epoch, uint64_t seed) {
+    (void)epoch;
+    (void)seed;
+  }
   // Files a checkpoint directory must hold beside the checkpoints (text: tokenizer.json).
   virtual void save_beside_checkpoints(const std::string& dir) const { (void)dir; }
   // Figures of the run for the summary (text: padding, the unigram baseline), as JSON keys.

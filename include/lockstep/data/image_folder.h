@@ -1,0 +1,41 @@
+#pragma once
+// torchvision.datasets.ImageFolder's layout: root/<class>/.../<image>.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lockstep::data {
+
+// The extensions torchvision's ImageFolder takes (IMG_EXTENSIONS), matched case-insensitively.
+// Of these lockstep decodes JPEG and PNG (see image.h).
+const std::vector<std::string>& image_extensions();
+
+// The files of an ImageFolder tree, in torchvision's order and with its class indices: classes
+// are the sub-directories of `root` (symbolic links followed) sorted by name, index = position;
+// samples are each class's files with an image extension, found recursively (directories in
+// sorted path order, files sorted within each), class by class. Holds paths only: images are read
+// when a sample is loaded.
+class ImageFolder {
+ public:
+  // Throws c10::ValueError naming `root` when it is not a directory, has no class
+  // sub-directories, or a class has no image file (torchvision's FileNotFoundError cases).
+  explicit ImageFolder(std::string root);
+
+  int64_t size() const { return static_cast<int64_t>(targets_.size()); }
+  const std::string& root() const { return root_; }
+  const std::vector<std::string>& classes() const { return classes_; }
+  int64_t target(int64_t index) const { return targets_.at(index); }
+  // root/<class>/.../<file>
+  std::string path(int64_t index) const;
+  // Samples whose extension lockstep does not decode (.bmp, .tif, ...), in sample order.
+  std::vector<int64_t> undecodable() const;
+
+ private:
+  std::string root_;
+  std::vector<std::string> classes_;
+  std::vector<std::string> files_;  // relative to root_
+  std::vector<int64_t> targets_;
+};
+
+}  // namespace lockstep::data

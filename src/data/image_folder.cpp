@@ -1,0 +1,94 @@
+#include "lockstep/data/image_folder.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+namespace lockstep::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool has_extension(const std::string& name, const std::vector<std::string>& extensions) {
+  const std::string l = lower(name);
+  return std::any_of(extensions.begin(), extensions.end(), [&](const std::string& e) { return ends_with(l, e); });
+}
+
+// The files under `dir` as torchvision's make_dataset lists them: sorted(os.walk(dir,
+// followlinks=True)) orders the directories by path, and each directory's files are sorted.
+// Paths are relative to `root`.
+void walk(const fs::path& root, const fs::path& dir, std::vector<std::pair<std::string, std::vector<std::string>>>& out) {
+  std::vector<std::string> files;
+  std::vector<fs::path> dirs;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code type_ec;
+    if (it->is_directory(type_ec)) dirs.push_back(it->path());
+    else files.push_back(it->path().filename().string());
+  }
+  TORCH_CHECK(!ec, "cannot list the image folder directory '", dir.string(), "': ", ec.message());
+  std::sort(files.begin(), files.end());
+  out.emplace_back(dir.lexically_relative(root).string(), std::move(files));
+  for (const fs::path& d : dirs) walk(root, d, out);
+}
+
+}  // namespace
+
+const std::vector<std::string>& image_extensions() {
+  static const std::vector<std::string> extensions{".jpg", ".jpeg", ".png", ".ppm", ".bmp",
+                                                   ".pgm", ".tif",  ".tiff", ".webp"};
+  return extensions;
+}
+
+ImageFolder::ImageFolder(std::string root) : root_(std::move(root)) {
+  std::error_code ec;
+  TORCH_CHECK_VALUE(fs::is_directory(root_, ec), "image folder '", root_, "' is not a directory; give a directory ",
+                    "with one sub-directory of images per class (torchvision's ImageFolder layout)");
+  for (fs::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code type_ec;
+    if (it->is_directory(type_ec)) classes_.push_back(it->path().filename().string());
+  }
+  TORCH_CHECK_VALUE(!ec, "cannot list image folder '", root_, "': ", ec.message());
+  TORCH_CHECK_VALUE(!classes_.empty(), "image folder '", root_, "' has no class sub-directories; put each class's ",
+                    "images in a directory of its own: ", root_, "/<class>/<image>.png");
+  std::sort(classes_.begin(), classes_.end());
+  std::vector<std::string> empty;
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    std::vector<std::pair<std::string, std::vector<std::string>>> dirs;
+    walk(root_, fs::path(root_) / classes_[c], dirs);
+    std::sort(dirs.begin(), dirs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    const size_t before = files_.size();
+    for (const auto& [dir, names] : dirs)
+      for (const std::string& name : names)
+        if (has_extension(name, image_extensions())) {
+          files_.push_back((fs::path(dir) / name).string());
+          targets_.push_back(static_cast<int64_t>(c));
+        }
+    if (files_.size() == before) empty.push_back(classes_[c]);
+  }
+  TORCH_CHECK_VALUE(empty.empty(), "image folder '", root_, "': no image file for the classes ", c10::Join(", ", empty),
+                    " (the extensions taken are ", c10::Join(" ", image_extensions()), ")");
+}
+
+std::string ImageFolder::path(int64_t index) const { return (fs::path(root_) / files_.at(index)).string(); }
+
+std::vector<int64_t> ImageFolder::undecodable() const {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < size(); ++i)
+    if (!has_extension(files_[i], {".jpg", ".jpeg", ".png"})) out.push_back(i);
+  return out;
+}
+
+}  // namespace lockstep::data
