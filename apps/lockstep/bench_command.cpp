@@ -6,8 +6,11 @@
 #include <iostream>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "checks.h"
 #include "commands.h"
+#include "lockstep/bench/loader_bench.h"
 #include "lockstep/bench/pipeline_sweep.h"
 #include "lockstep/bench/runner.h"
 #include "lockstep/core/process.h"
@@ -57,7 +60,32 @@ Command add_bench_command(CLI::App& app, const std::string& argv0, const std::st
   cmd->add_option("--balance", sweep->balance(),
                   "How the sweep's pipelines cut their stages: time (equal measured time) or params")
       ->capture_default_str()->group(pipe);
-  return {cmd, [o, matrix_file, sweep, sweep_flag, argv0, command_line] {
+  auto loader = std::make_shared<bench::LoaderBenchOptions>();
+  auto loader_flag = std::make_shared<bool>(false);
+  const std::string load = "Loader (--loader)";
+  cmd->add_flag("--loader", *loader_flag,
+                "Instead of the matrix: the data loader alone over an image folder (--batch-size, --epochs); one JSON "
+                "line with images/s")->group(load);
+  cmd->add_option("--data-dir", loader->data_dir(), "The image folder (torchvision's ImageFolder layout)")->group(load);
+  cmd->add_option("--transform", loader->transform(), "torchvision transforms, as lockstep train takes them")
+      ->group(load);
+  cmd->add_option("--workers", loader->loader().workers(), "Loader threads (0: on the calling thread)")
+      ->check(cli::non_negative_count())->group(load);
+  cmd->add_option("--prefetch", loader->loader().prefetch(), "Batches each worker builds ahead")
+      ->check(cli::positive_count())->group(load);
+  return {cmd, [cmd, o, matrix_file, sweep, sweep_flag, loader, loader_flag, argv0, command_line] {
+            if (*loader_flag) {
+              // --batch-size's default is the matrix's global batch; the loader's own is DataLoader
+              // benchmarks' 64.
+              if (cmd->get_option("--batch-size")->count() > 0) loader->batch_size(o->global_batch());
+              loader->epochs(o->epochs());
+              const bench::LoaderBenchResult r = bench::run_loader_bench(*loader);
+              std::cout << nlohmann::json{{"images", r.images}, {"seconds", r.seconds}, {"images_per_s", r.images_per_s},
+                                          {"workers", loader->loader().workers()}, {"checksum", r.checksum}}
+                               .dump()
+                        << std::endl;
+              return 0;
+            }
             o->lockstep(self_path(argv0)).command(command_line);
             const auto print = [](const std::string& line) { std::cout << line << std::endl; };
             if (*sweep_flag) {

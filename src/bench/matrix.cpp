@@ -61,6 +61,12 @@ std::vector<BenchConfig> default_matrix(int64_t cores) {
   m.push_back(ddp("fsdp", "fsdp", {"--strategy", "fsdp"},
                   "parameters, gradients and optimizer state sharded per block; each block all-gathered for its "
                   "forward and again for its backward, gradients reduce-scattered: 3/2 of ddp's bytes"));
+  m.push_back(ddp("ddp-imagefolder", "ddp from PNG files",
+                  {"--data", "imagefolder", "--data-dir", std::string(kImageFolder) + "/train", "--val-dir",
+                   std::string(kImageFolder) + "/test", "--transform",
+                   "Grayscale(), ToTensor(), Normalize((0.2860,), (0.3530,))", "--workers", "1"},
+                  "the ddp row's images as 28x28 grey PNG files, decoded and normalised by one loader thread per "
+                  "rank while the step runs; the ddp row holds them decoded in memory"));
   return m;
 }
 

@@ -4,13 +4,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
 #include "lockstep/bench/child_run.h"
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/core/process.h"
+#include "lockstep/data/image_folder.h"
 #include "lockstep/launch/rendezvous.h"
 
 namespace lockstep::bench {
@@ -37,7 +40,9 @@ log::BenchRow lockstep_row(const BenchOptions& o, const BenchConfig& c, const st
                                  "--limit", std::to_string(o.limit()), "--epochs", std::to_string(o.epochs()),
                                  "--batch-size", std::to_string(batch), "--accum-steps", std::to_string(c.accum_steps),
                                  "--lr", std::to_string(o.lr()), "--threads", std::to_string(c.threads)};
-  train.insert(train.end(), c.args.begin(), c.args.end());
+  if (std::count(c.args.begin(), c.args.end(), "--data") > 0) train.erase(train.begin() + 5, train.begin() + 7);
+  for (const std::string& arg : c.args)  // See kImageFolder.
+    train.push_back(arg.rfind(kImageFolder, 0) == 0 ? o.out() + "/imagefolder" + arg.substr(std::strlen(kImageFolder)) : arg);
   std::vector<std::string> argv;
   if (c.world_size > 1) argv = {o.lockstep(), "run", "--nproc-per-node", std::to_string(c.world_size), "--"};
   argv.insert(argv.end(), train.begin(), train.end());
@@ -98,8 +103,26 @@ void BenchOptions::validate() const {
 log::BenchResults run_bench(const BenchOptions& o, const std::vector<BenchConfig>& matrix,
                             const std::function<void(const std::string&)>& progress) {
   o.validate();
-  const std::vector<BenchConfig> rows = select(matrix, o.only());
+  std::vector<BenchConfig> rows = select(matrix, o.only());
   std::filesystem::create_directories(o.out() + "/logs");
+  const auto names_folder = [](const BenchConfig& c) {
+    return std::any_of(c.args.begin(), c.args.end(), [](const std::string& a) { return a.rfind(kImageFolder, 0) == 0; });
+  };
+  if (std::any_of(rows.begin(), rows.end(), names_folder)) {
+    if (o.data() != "fashion-mnist") {
+      progress("skipping the rows that train from the image folder: it is written from --data fashion-mnist");
+      rows.erase(std::remove_if(rows.begin(), rows.end(), names_folder), rows.end());
+    } else {
+      const std::string folder = o.out() + "/imagefolder";
+      std::filesystem::remove_all(folder);
+      progress("writing Fashion-MNIST as PNG files into " + folder + " ...");
+      const auto dir = std::string(data::kDefaultFashionMnistDir);
+      const int64_t n = data::write_image_folder(data::load_fashion_mnist(dir, data::Split::kTrain).take(o.limit()),
+                                                 folder + "/train") +
+                        data::write_image_folder(data::load_fashion_mnist(dir, data::Split::kTest), folder + "/test");
+      progress("wrote " + std::to_string(n) + " PNG files");
+    }
+  }
   log::BenchResults results;
   results.date = utc_now(), results.cpu = cpu_model(), results.cores = available_cores(), results.command = o.command();
   size_t total = rows.size();

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <filesystem>
+
+#include "lockstep/data/image.h"
 #include <system_error>
 
 namespace lockstep::data {
@@ -89,6 +91,24 @@ std::vector<int64_t> ImageFolder::undecodable() const {
   for (int64_t i = 0; i < size(); ++i)
     if (!has_extension(files_[i], {".jpg", ".jpeg", ".png"})) out.push_back(i);
   return out;
+}
+
+int64_t write_image_folder(const Dataset& dataset, const std::string& root) {
+  const int64_t classes = std::max<int64_t>(dataset.num_classes, 1);
+  const auto width = std::to_string(classes - 1).size();
+  auto padded = [](int64_t v, size_t w) {
+    std::string s = std::to_string(v);
+    return std::string(w - std::min(w, s.size()), '0') + s;
+  };
+  const auto digits = std::to_string(std::max<int64_t>(dataset.size() - 1, 0)).size();
+  for (int64_t c = 0; c < classes; ++c) fs::create_directories(fs::path(root) / padded(c, width));
+  const auto labels = dataset.labels.contiguous();
+  for (int64_t i = 0; i < dataset.size(); ++i) {
+    const int64_t label = labels[i].item<int64_t>();
+    write_png((fs::path(root) / padded(label, width) / (padded(i, digits) + ".png")).string(),
+              dataset.images[i].permute({1, 2, 0}));  // (C, H, W) -> (H, W, C)
+  }
+  return dataset.size();
 }
 
 }  // namespace lockstep::data

@@ -23,7 +23,7 @@ TEST(BenchMatrix, UsesEveryCoreOnceAndOnlySelectsNamedRows) {
     EXPECT_EQ(c.world_size * c.threads, 2) << c.key << ": every row uses the two cores once";
   }
   EXPECT_EQ(keys, (std::vector<std::string>{"fp32", "bf16-o1", "bf16-o2", "bf16-o3", "dp", "ddp", "ddp-bf16",
-                                            "ddp-accum", "ddp-syncbn", "zero1", "zero2", "fsdp"}));
+                                            "ddp-accum", "ddp-syncbn", "zero1", "zero2", "fsdp", "ddp-imagefolder"}));
   const auto picked = select(m, "ddp,fp32");
   ASSERT_EQ(picked.size(), 2u);
   EXPECT_EQ(picked[0].key, "fp32");  // the matrix's order

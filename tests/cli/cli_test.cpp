@@ -28,7 +28,8 @@ TEST(Cli, TrainHelpListsEveryOptionWithItsDefault) {
   for (const char* expected :
        {"--model TEXT:{convnet,mlp,mlp-wide,resnet18,gpt-mini}=convnet",
         "--data TEXT=fashion-mnist   Dataset: fashion-mnist, synthetic (seeded random images), fortunes",
-        "or text:FILE", "--task TEXT:{lm,classify}=lm", "--max-tokens INT:NONNEGATIVE=0", "--max-length INT:POSITIVE=128",
+        "text:FILE", "imagefolder (--data-dir) or csv (--data-file)", "--transform TEXT=ToTensor()",
+        "--workers INT:NONNEGATIVE=0", "--prefetch INT:POSITIVE=2", "--task TEXT:{lm,classify}=lm", "--max-tokens INT:NONNEGATIVE=0", "--max-length INT:POSITIVE=128",
         "--data-dir TEXT=/usr/share/datasets/fashion-mnist", "--limit INT:NONNEGATIVE=0",
         "--epochs INT:POSITIVE=1", "--batch-size INT:POSITIVE=100", "--lr FLOAT:NONNEGATIVE=0.02",
         "--momentum FLOAT:NONNEGATIVE=0.9", "--weight-decay FLOAT:NONNEGATIVE=0", "--seed UINT=0",
@@ -65,6 +66,12 @@ INSTANTIATE_TEST_SUITE_P(
                       BadInput{"train --bogus-option", "--bogus-option"},
                       BadInput{"train --epochs three", "three"},
                       BadInput{"frobnicate", "frobnicate"},
+                      BadInput{"train --data imagefolder", "--data imagefolder needs --data-dir"},
+                      BadInput{"train --data csv --model mlp", "--data csv needs --data-file"},
+                      BadInput{"train --val-split 0.1", "--val-split and --skip-bad-samples apply to --data imagefolder"},
+                      BadInput{"train --transform Grayscale", "--transform, --val-transform and --val-dir apply to"},
+                      BadInput{"train --data imagefolder --data-dir /tmp --val-split 1.5", "--val-split 1.5 must be a fraction"},
+                      BadInput{"train --workers -1", "--workers"},
                       BadInput{"", "subcommand"}));
 
 // Every command's counts are checked as train's are: the rule in words, never CLI11's 309-digit

@@ -6,8 +6,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
 #include "../python_script.h"
+#include "lockstep/data/image.h"
 #include "lockstep/data/image_folder.h"
 
 namespace lockstep::data {
@@ -16,16 +18,14 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(ImageFolder, ClassesAndSamplesAreTorchvisionsInTheSameOrder) {
-  testing::TempDir dir;
-  const auto made = testing::run_python_script("image_folders.py", dir.path() + " 10 0");
-  ASSERT_TRUE(made.has_value()) << "python3-torch is needed";
-  ASSERT_EQ(made->exit_code, 0) << made->output;
-  const auto theirs = nlohmann::json::parse(testing::read_text(dir / "layout.json"));
-  const ImageFolder folder(dir / "layout");
+  const testing::PythonFixture made = testing::python_fixture("image_folders.py", "10 0");
+  ASSERT_TRUE(made.error.empty()) << made.error;
+  const auto theirs = nlohmann::json::parse(testing::read_text(made.dir + "/layout.json"));
+  const ImageFolder folder(made.dir + "/layout");
   EXPECT_EQ(folder.classes(), theirs["classes"].get<std::vector<std::string>>());
   ASSERT_EQ(folder.size(), static_cast<int64_t>(theirs["samples"].size()));
   for (int64_t i = 0; i < folder.size(); ++i) {
-    EXPECT_EQ(folder.path(i), dir / "layout/" + theirs["samples"][i][0].get<std::string>()) << i;
+    EXPECT_EQ(folder.path(i), made.dir + "/layout/" + theirs["samples"][i][0].get<std::string>()) << i;
     EXPECT_EQ(folder.target(i), theirs["samples"][i][1].get<int64_t>()) << i;
   }
   EXPECT_TRUE(folder.undecodable().empty());
@@ -60,6 +60,31 @@ TEST(ImageFolder, ARootWithoutClassesOrAClassWithoutImagesIsRefusedNamingIt) {
   const std::string m = message(dir.path());
   EXPECT_THAT(m, HasSubstr("no image file for the classes dogs"));
   EXPECT_THAT(m, HasSubstr(".png"));
+}
+
+// A data set written as PNG files reads back as the same images and labels, in sample order
+// within each class.
+TEST(ImageFolder, AWrittenDataSetReadsBackWithItsLabels) {
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{1, 28, 28}, std::vector<int64_t>{3, 8, 5}}) {
+    testing::TempDir dir;
+    const Dataset d = make_synthetic(SyntheticOptions().shape(shape).num_classes(12).size(40).seed(2));
+    ASSERT_EQ(write_image_folder(d, dir / "f"), 40);
+    const ImageFolder folder(dir / "f");
+    ASSERT_EQ(folder.classes().size(), 12u);
+    EXPECT_EQ(folder.classes()[2], "02");
+    ASSERT_EQ(folder.size(), 40);
+    std::vector<int64_t> order(40);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return d.labels[a].item<int64_t>() < d.labels[b].item<int64_t>();
+    });
+    for (int64_t i = 0; i < 40; ++i) {
+      const int64_t j = order[i];
+      EXPECT_EQ(folder.target(i), d.labels[j].item<int64_t>()) << i;
+      const torch::Tensor expected = d.images[j].permute({1, 2, 0}).expand({shape[1], shape[2], 3});
+      EXPECT_TRUE(torch::equal(read_image(folder.path(i)), expected)) << folder.path(i);
+    }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 #pragma once
-// The files and torchvision results tests/python/image_oracle.py writes, made once per test binary
-// (the script takes ~2 s) and shared by the image and transform tests.
+// The files and torchvision results tests/python/image_oracle.py writes, made once per build
+// (python_fixture) and shared by the image and transform tests.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -21,7 +21,7 @@ class ImageOracle {
     static const std::unique_ptr<ImageOracle> oracle = make();
     return oracle.get();
   }
-  std::string path(const std::string& file) const { return dir_ / file; }
+  std::string path(const std::string& file) const { return dir_ + "/" + file; }
   torch::Tensor at(const std::string& key) const {
     const auto values = values_.toGenericDict();
     EXPECT_TRUE(values.contains(key)) << key << " is not in oracle.pt";
@@ -32,13 +32,14 @@ class ImageOracle {
   static std::unique_ptr<ImageOracle> make() {
     if (run_command(python_with_torch() + " -c 'import torchvision'").exit_code != 0) return nullptr;
     auto oracle = std::make_unique<ImageOracle>();
-    const auto run = run_python_script("image_oracle.py", oracle->dir_.path());
-    EXPECT_TRUE(run && run->exit_code == 0) << (run ? run->output : "");
-    if (!run || run->exit_code != 0) return nullptr;
-    oracle->values_ = torch::pickle_load(read_file(oracle->dir_ / "oracle.pt"));
+    const PythonFixture made = python_fixture("image_oracle.py");
+    EXPECT_TRUE(made.error.empty()) << made.error;
+    if (!made.error.empty()) return nullptr;
+    oracle->dir_ = made.dir;
+    oracle->values_ = torch::pickle_load(read_file(oracle->path("oracle.pt")));
     return oracle;
   }
-  TempDir dir_;
+  std::string dir_;
   c10::IValue values_;  // the dict oracle.pt holds
 };
 

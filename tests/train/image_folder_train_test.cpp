@@ -27,24 +27,19 @@ const std::string kCli = LOCKSTEP_CLI;
 const std::string kNormalize = "Grayscale(), ToTensor(), Normalize((0.2860,), (0.3530,))";
 const std::string kAugment = "RandomCrop(28, padding=3), RandomHorizontalFlip(), " + kNormalize;
 
-// 400 training and 100 held-out Fashion-MNIST images as PNG files, written once for the suite.
+// 400 training and 100 held-out Fashion-MNIST images as PNG files, written once for the build.
 class ImageFolderTrain : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::TempDir;
-    const auto made = testing::run_python_script("image_folders.py", dir_->path() + " 400 100");
-    made_ = made && made->exit_code == 0;
-    if (!made_) std::cerr << (made ? made->output : "no python3 with torch") << "\n";
-  }
+  static void SetUpTestSuite() { made_ = new testing::PythonFixture(testing::python_fixture("image_folders.py", "400 100")); }
   static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
+    delete made_;
+    made_ = nullptr;
   }
-  void SetUp() override { ASSERT_TRUE(made_) << "tests/python/image_folders.py failed"; }
+  void SetUp() override { ASSERT_TRUE(made_->error.empty()) << made_->error; }
 
   // A copy of the training folder this test may change.
   std::string copy_of_train(const testing::TempDir& into) const {
-    std::filesystem::copy(*dir_ / "fmnist/train", into / "train", std::filesystem::copy_options::recursive);
+    std::filesystem::copy(at("fmnist/train"), into / "train", std::filesystem::copy_options::recursive);
     return into / "train";
   }
 
@@ -54,7 +49,7 @@ class ImageFolderTrain : public ::testing::Test {
     std::string command = "timeout 300 ";
     if (ranks > 1) command += kCli + " run --nproc-per-node " + std::to_string(ranks) + " -- ";
     command += kCli + " train --quiet --data imagefolder --data-dir " +
-               (data_dir.empty() ? *dir_ / "fmnist/train" : data_dir) + " --val-dir " + *dir_ / "fmnist/val" +
+               (data_dir.empty() ? at("fmnist/train") : data_dir) + " --val-dir " + at("fmnist/val") +
                " --seed 3 --threads 1 " + args;
     if (args.find("--epochs") == std::string::npos) command += " --epochs 1";
     return testing::run_command(command);
@@ -65,11 +60,12 @@ class ImageFolderTrain : public ::testing::Test {
     return nlohmann::json::parse(testing::last_json_line(rank0 == std::string::npos ? r.output : r.output.substr(rank0 + 9)));
   }
 
-  static testing::TempDir* dir_;
-  static bool made_;
+  // A fixture file or directory.
+  static std::string at(const std::string& name) { return made_->dir + "/" + name; }
+
+  static testing::PythonFixture* made_;
 };
-testing::TempDir* ImageFolderTrain::dir_ = nullptr;
-bool ImageFolderTrain::made_ = false;
+testing::PythonFixture* ImageFolderTrain::made_ = nullptr;
 
 torch::Tensor read_tensor(const c10::Dict<c10::IValue, c10::IValue>& dict, const std::string& key) {
   return dict.at(key).toTensor();
@@ -92,9 +88,9 @@ bool same_weights(const std::string& a, const std::string& b) {
 // The samples torchvision's ImageFolder gives (PIL's decoding, Grayscale, ToTensor, Normalize)
 // are the ones lockstep's gives.
 TEST_F(ImageFolderTrain, SamplesAreTorchvisionsWithTheSameTransforms) {
-  auto folder = std::make_shared<const data::ImageFolder>(*dir_ / "fmnist/train");
+  auto folder = std::make_shared<const data::ImageFolder>(at("fmnist/train"));
   ImageFolderData ours(folder, ImageFolderDataOptions().transforms(data::Transforms::parse(kNormalize)));
-  const auto theirs = torch_load(read_file(*dir_ / "fmnist_batch.pt")).toGenericDict();
+  const auto theirs = torch_load(read_file(at("fmnist_batch.pt"))).toGenericDict();
   const Example batch = ours.get_batch({0, 1, 2, 3, 4, 5, 6, 7});
   const torch::Tensor expected = read_tensor(theirs, "data");
   ASSERT_EQ(batch.data.sizes(), expected.sizes());
@@ -146,7 +142,7 @@ TEST_F(ImageFolderTrain, AResumeMidEpochContinuesTheSameBatchesBitForBit) {
   EXPECT_TRUE(same_weights(out / "whole.pt", out / "resumed.pt"));
   // Other transforms would give other batches: such a resume is refused, naming both.
   const auto other = testing::run_command(
-      "timeout 120 " + kCli + " train --quiet --data imagefolder --data-dir " + *dir_ / "fmnist/train" +
+      "timeout 120 " + kCli + " train --quiet --data imagefolder --data-dir " + at("fmnist/train") +
       " --model convnet --batch-size 25 --seed 3 --threads 1 --transform '" + kNormalize + "' --checkpoint-dir " +
       out / "ckpt" + " --resume " + out / "ckpt/step-00000006.pt");
   EXPECT_NE(other.exit_code, 0) << other.output;
@@ -187,7 +183,7 @@ TEST_F(ImageFolderTrain, EveryStrategyTrainsFromTheFolder) {
       {"--strategy zero1", 2},  {"--strategy zero2", 2},           {"--strategy fsdp", 2},
       {"--strategy pipeline --stages 2 --micro-batches 2", 2},     {"--strategy ddp --sync-bn", 2}};
   for (const auto& [args, ranks] : runs) {
-    const auto r = train("--model convnet --batch-size 40 --workers 1 --transform '" + kAugment + "' " + args, ranks);
+    const auto r = train("--model convnet --limit 160 --batch-size 40 --workers 1 --transform '" + kAugment + "' " + args, ranks);
     EXPECT_EQ(r.exit_code, 0) << args << ":\n" << r.output;
   }
 }

@@ -9,6 +9,10 @@ namespace lockstep::bench {
 // One configuration of `lockstep bench`: how `lockstep train` is started for it. Every row trains
 // the same model on the same data with the same global batch (BenchOptions::global_batch: per-rank
 // batch = global batch / (world_size x accum_steps)), so rows differ only in how they train.
+// In a configuration's args: the bench's image folder, Fashion-MNIST's splits (--limit of the
+// training one) written as PNG files under --out, once, when a selected row names it.
+constexpr const char* kImageFolder = "$IMAGE_FOLDER";
+
 struct BenchConfig {
   std::string key;                 // what --only names: "ddp-bf16"
   std::string name;                // the table's name: "ddp + bf16 O1"

@@ -19,4 +19,7 @@ torch::Tensor read_image(const std::string& path);
 // The same from bytes in memory; `name` is what errors call them.
 torch::Tensor decode_image(const void* bytes, size_t size, const std::string& name);
 
+// A uint8 (H, W, 1) or (H, W, 3) image as an 8-bit grey or RGB PNG file, written atomically.
+void write_png(const std::string& path, const torch::Tensor& image);
+
 }  // namespace lockstep::data

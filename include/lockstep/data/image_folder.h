@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/data/dataset.h"
+
 namespace lockstep::data {
 
 // The extensions torchvision's ImageFolder takes (IMG_EXTENSIONS), matched case-insensitively.
@@ -37,5 +39,11 @@ class ImageFolder {
   std::vector<std::string> files_;  // relative to root_
   std::vector<int64_t> targets_;
 };
+
+// An in-memory data set written out as an ImageFolder tree of PNG files: root/<class>/<i>.png,
+// the classes its labels zero-padded to one width ("0" .. "9"), so that their sorted order is the
+// labels' order and ImageFolder(root) gives every image its label back. Grey for one channel, RGB
+// for three. Returns the number of files written.
+int64_t write_image_folder(const Dataset& dataset, const std::string& root);
 
 }  // namespace lockstep::data

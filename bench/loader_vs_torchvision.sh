@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The data loader alone, lockstep against torchvision's ImageFolder + DataLoader (issue 31's bar:
+# at least 1.5x the images/s at the same worker count). Two folders, written by
+# tests/python/image_folders.py with PIL: Fashion-MNIST's first N_PNG training images as 28x28
+# grey PNG files, and N_JPEG random-colour 3x64x64 JPEG files. Each is read for EPOCHS shuffled
+# epochs in batches of 64 through the same transforms, at 0, 1 and 2 workers; runs alternate
+# (lockstep, torchvision, lockstep, ...) and the table gives medians.
+# Usage: bench/loader_vs_torchvision.sh [RUNS=5] [N_PNG=10000] [N_JPEG=5000] [EPOCHS=2]  (after make build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-5}; n_png=${2:-10000}; n_jpeg=${3:-5000}; epochs=${4:-2}
+py=/usr/bin/python3
+$py -c 'import torchvision' 2>/dev/null || { echo "needs Debian's python3-torchvision" >&2; exit 1; }
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+field() { sed -n "s/.*\"$1\": *\([0-9.]*\).*/\1/p"; }
+
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+$py tests/python/image_folders.py "$tmp" "$n_png" 0 "$n_jpeg" >/dev/null
+declare -A sets=(
+  [png]="$tmp/fmnist/train|Grayscale(), ToTensor(), Normalize((0.2860,), (0.3530,))"
+  [png-augmented]="$tmp/fmnist/train|RandomCrop(28, padding=4), RandomHorizontalFlip(), Grayscale(), ToTensor(), Normalize((0.2860,), (0.3530,))"
+  [jpeg]="$tmp/jpeg|RandomResizedCrop(56), RandomHorizontalFlip(), ToTensor(), Normalize((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))"
+)
+rows=()
+for set in png png-augmented jpeg; do
+  dir=${sets[$set]%%|*}; transform=${sets[$set]#*|}
+  for workers in 0 1 2; do
+    ours=(); peer=()
+    for ((i = 1; i <= runs; i++)); do
+      o=$(build/lockstep bench --loader --data-dir "$dir" --transform "$transform" --workers "$workers" \
+            --batch-size 64 --epochs "$epochs" | grep -o '{.*}')
+      p=$(OMP_NUM_THREADS=1 $py bench/loader_peer.py "$dir" "$transform" "$workers" 64 "$epochs")
+      echo "$set, $workers workers, run $i: lockstep $o; torchvision $p"
+      ours+=("$(field images_per_s <<<"$o")"); peer+=("$(field images_per_s <<<"$p")")
+    done
+    mo=$(printf '%s\n' "${ours[@]}" | median); mp=$(printf '%s\n' "${peer[@]}" | median)
+    rows+=("| $set | $workers | $mo | $mp | $(awk -v a="$mo" -v b="$mp" 'BEGIN {printf "%.2f", a / b}')x |")
+  done
+done
+echo
+echo "medians of $runs alternating runs, images/s, batch 64, $epochs epochs"
+bench/machine.sh "bench/loader_vs_torchvision.sh $runs $n_png $n_jpeg $epochs"
+echo "| folder, transforms | workers | lockstep | torchvision DataLoader | vs torchvision |"
+echo "|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
