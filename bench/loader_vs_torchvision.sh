@@ -35,7 +35,7 @@ for set in png png-augmented jpeg; do
       ours+=("$(field images_per_s <<<"$o")"); peer+=("$(field images_per_s <<<"$p")")
     done
     mo=$(printf '%s\n' "${ours[@]}" | median); mp=$(printf '%s\n' "${peer[@]}" | median)
-    rows+=("| $set | $workers | $mo | $mp | $(awk -v a="$mo" -v b="$mp" 'BEGIN {printf "%.2f", a / b}')x |")
+    rows+=("| $set | $workers | $(printf "%.0f" "$mo") | $(printf "%.0f" "$mp") | $(awk -v a="$mo" -v b="$mp" 'BEGIN {printf "%.2f", a / b}')x |")
   done
 done
 echo
