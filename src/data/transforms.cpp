@@ -202,6 +202,16 @@ torch::Tensor CenterCrop::apply(const torch::Tensor& image, SampleRandom&) const
   return functional::center_crop(image, height_, width_);
 }
 
+std::optional<std::vector<std::shared_ptr<const Transform>>> RandomResizedCrop::for_evaluation() const {
+  const std::vector<int64_t> size = height_ == width_ ? std::vector<int64_t>{height_} : std::vector<int64_t>{height_, width_};
+  return std::vector<std::shared_ptr<const Transform>>{std::make_shared<Resize>(size),
+                                                      std::make_shared<CenterCrop>(height_, width_)};
+}
+
+std::optional<std::vector<std::shared_ptr<const Transform>>> RandomCrop::for_evaluation() const {
+  return std::vector<std::shared_ptr<const Transform>>{std::make_shared<CenterCrop>(height_, width_)};
+}
+
 std::string CenterCrop::str() const { return "CenterCrop(" + format_hw(height_, width_) + ")"; }
 
 RandomResizedCrop::RandomResizedCrop(int64_t height, int64_t width, std::pair<double, double> scale,
@@ -377,15 +387,9 @@ torch::Tensor Transforms::operator()(const torch::Tensor& image, SampleRandom& r
 Transforms Transforms::for_evaluation() const {
   Transforms out;
   for (const auto& step : steps_) {
-    if (const auto* crop = dynamic_cast<const RandomResizedCrop*>(step.get())) {
-      const int64_t h = crop->height(), w = crop->width();
-      out.steps_.push_back(std::make_shared<Resize>(h == w ? std::vector<int64_t>{h} : std::vector<int64_t>{h, w}));
-      out.steps_.push_back(std::make_shared<CenterCrop>(h, w));
-    } else if (const auto* crop = dynamic_cast<const RandomCrop*>(step.get())) {
-      out.steps_.push_back(std::make_shared<CenterCrop>(crop->height(), crop->width()));
-    } else if (!dynamic_cast<const RandomHorizontalFlip*>(step.get())) {
-      out.steps_.push_back(step);
-    }
+    const auto counterpart = step->for_evaluation();
+    if (!counterpart) out.steps_.push_back(step);
+    else out.steps_.insert(out.steps_.end(), counterpart->begin(), counterpart->end());
   }
   return out;
 }

@@ -39,6 +39,9 @@ class Transform {
   virtual std::string str() const = 0;
   virtual bool random() const { return false; }
   virtual TransformStage stage() const { return TransformStage::kImage; }
+  // What stands for this step on held-out images (Transforms::for_evaluation); nullopt: the step
+  // itself.
+  virtual std::optional<std::vector<std::shared_ptr<const Transform>>> for_evaluation() const { return std::nullopt; }
 };
 
 // torchvision.transforms.functional on the PIL path, for uint8 (H, W, C) images with C 1 or 3.
@@ -107,8 +110,7 @@ class RandomResizedCrop : public Transform {
   torch::Tensor apply(const torch::Tensor& image, SampleRandom& random) const override;
   std::string str() const override;
   bool random() const override { return true; }
-  int64_t height() const { return height_; }
-  int64_t width() const { return width_; }
+  std::optional<std::vector<std::shared_ptr<const Transform>>> for_evaluation() const override;
 
  private:
   int64_t height_, width_;
@@ -127,8 +129,7 @@ class RandomCrop : public Transform {
   torch::Tensor apply(const torch::Tensor& image, SampleRandom& random) const override;
   std::string str() const override;
   bool random() const override { return true; }
-  int64_t height() const { return height_; }
-  int64_t width() const { return width_; }
+  std::optional<std::vector<std::shared_ptr<const Transform>>> for_evaluation() const override;
 
  private:
   int64_t height_, width_;
@@ -144,6 +145,9 @@ class RandomHorizontalFlip : public Transform {
   torch::Tensor apply(const torch::Tensor& image, SampleRandom& random) const override;
   std::string str() const override;
   bool random() const override { return true; }
+  std::optional<std::vector<std::shared_ptr<const Transform>>> for_evaluation() const override {
+    return std::vector<std::shared_ptr<const Transform>>{};  // nothing: held-out images are not flipped
+  }
 
  private:
   double p_;
