@@ -87,7 +87,7 @@ class Features : public train::TrainingData {
 
 int main(int argc, char** argv) {
   std::string strategy_name = "local", out;
-  int64_t global_batch = 32, steps = 20, seed = 0;
+  int64_t global_batch = 32, steps = 20, seed = 0, workers = 0;
   double lr = 0.05;
   CLI::App app("Trains a residual MLP of your own under a lockstep strategy; start it with `lockstep run` for several ranks.");
   app.option_defaults()->always_capture_default();
@@ -97,6 +97,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "optimizer steps (one epoch of steps x global batch samples)")->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "SGD learning rate (momentum 0.9)");
   app.add_option("--seed", seed, "weights and data");
+  app.add_option("--workers", workers, "threads that build batches while the step runs (0: the training thread)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--out", out, "write the trained weights here (rank 0; torch.load reads them)");
   CLI11_PARSE(app, argc, argv);
 
@@ -123,6 +125,7 @@ int main(int argc, char** argv) {
                     .model_factory([make] { return torch::nn::AnyModule(make()); }))  // dp's replicas
             .batch_size(global_batch / replicas)  // per replica
             .seed(seed)
+            .loader(train::LoaderOptions().workers(workers))  // the same batches for any count
             .save_model(out);
     train::Trainer trainer(torch::nn::AnyModule(make()), std::make_shared<Features>(steps * global_batch, seed), options,
                            std::make_shared<Features>(1000, seed + 1));

@@ -55,7 +55,7 @@ Example ImageFolderData::get_batch(const std::vector<int64_t>& indices) const {
     samples.push_back(transform(i, image));
   }
   TORCH_CHECK(!samples.empty(), "none of the ", indices.size(), " images of a batch could be read, e.g. '", skipped,
-              "'; --skip-bad-samples leaves out single files, not whole batches: check the folder");
+              "'; skip_bad_samples leaves out single files, not whole batches: check the folder");
   return collate(std::move(samples));
 }
 

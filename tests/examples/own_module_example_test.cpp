@@ -60,6 +60,16 @@ TEST_P(EveryStrategy, EndsWhereOneProcessEnds) {
   std::cout << "[ measured ] " << strategy << ": max |difference| from one process " << worst << "\n";
 }
 
+// The background loader through the installed headers (TrainerOptions::loader): 3 worker threads
+// build the batches, and the run ends with the weights of the run without them, bit for bit.
+TEST(OwnModuleExample, LoaderWorkersLeaveTheRunBitForBitUnchanged) {
+  const auto& local = one_process();
+  testing::TempDir dir;
+  const auto with_workers = trained(dir, "local", 1, " --workers 3");
+  ASSERT_EQ(with_workers.size(), local.size());
+  EXPECT_EQ(testing::max_abs_difference(local, with_workers), 0.0);
+}
+
 INSTANTIATE_TEST_SUITE_P(OwnModuleExample, EveryStrategy,
                          ::testing::Values(std::make_pair(std::string("local"), 1), std::make_pair(std::string("dp"), 1),
                                            std::make_pair(std::string("ddp"), 2), std::make_pair(std::string("zero1"), 2),
