@@ -15,6 +15,7 @@
 #include "lockstep/core/process.h"
 #include "lockstep/data/image_folder.h"
 #include "lockstep/launch/rendezvous.h"
+#include "lockstep/log/run_record.h"
 
 namespace lockstep::bench {
 namespace {
@@ -41,6 +42,10 @@ log::BenchRow lockstep_row(const BenchOptions& o, const BenchConfig& c, const st
                                  "--batch-size", std::to_string(batch), "--accum-steps", std::to_string(c.accum_steps),
                                  "--lr", std::to_string(o.lr()), "--threads", std::to_string(c.threads)};
   if (std::count(c.args.begin(), c.args.end(), "--data") > 0) train.erase(train.begin() + 5, train.begin() + 7);
+  // The run's JSONL log: its settings as it resolved them (bench_advice pairs rows by them).
+  const std::string jsonl = std::filesystem::path(log_path).replace_extension(".jsonl").string();
+  std::filesystem::remove(jsonl);
+  train.insert(train.end(), {"--log-jsonl", jsonl});
   for (const std::string& arg : c.args)  // See kImageFolder.
     train.push_back(arg.rfind(kImageFolder, 0) == 0 ? o.out() + "/imagefolder" + arg.substr(std::strlen(kImageFolder)) : arg);
   std::vector<std::string> argv;
@@ -57,6 +62,12 @@ log::BenchRow lockstep_row(const BenchOptions& o, const BenchConfig& c, const st
   r.param_bytes = s.value("param_bytes", int64_t{0}), r.grad_bytes = s.value("grad_bytes", int64_t{0});
   r.optim_bytes = s.value("optim_bytes", int64_t{0});
   r.comm_bytes_per_step = s.value("sent_bytes_per_step", int64_t{0});
+  const nlohmann::ordered_json settings = log::read_run_log(jsonl).settings;
+  if (settings.is_object()) {
+    r.strategy = settings.value("strategy", ""), r.precision = settings.value("precision", "");
+    r.opt_level = settings.value("opt_level", ""), r.sync_bn = settings.value("sync_bn", false);
+    r.data = settings.value("data", ""), r.accum_steps = settings.value("accum_steps", int64_t{1});
+  }
   return r;
 }
 
@@ -76,6 +87,8 @@ log::BenchRow peer_row(const BenchOptions& o, const BenchConfig& c, const std::s
   read_summary(r, code, log_path, o.timeout());
   if (!r.ok) return r;
   r.final_loss = NAN;
+  const bool amp = std::count(c.peer_args.begin(), c.peer_args.end(), "--amp") > 0;  // autocast to bf16
+  r.strategy = "ddp", r.precision = amp ? "bf16" : "fp32", r.opt_level = amp ? "O1" : "O0", r.data = o.data();
   return r;
 }
 

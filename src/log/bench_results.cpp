@@ -43,7 +43,9 @@ nlohmann::ordered_json to_json(const BenchResults& b) {
                     {"train_s", r.train_s}, {"samples_per_s", r.samples_per_s}, {"peak_rss_mib", r.peak_rss_mib},
                     {"param_bytes", r.param_bytes}, {"grad_bytes", r.grad_bytes}, {"optim_bytes", r.optim_bytes},
                     {"comm_bytes_per_step", r.comm_bytes_per_step}, {"final_loss", r.final_loss},
-                    {"test_acc", r.test_acc}, {"note", r.note}});
+                    {"test_acc", r.test_acc}, {"note", r.note}, {"strategy", r.strategy},
+                    {"precision", r.precision}, {"opt_level", r.opt_level}, {"sync_bn", r.sync_bn},
+                    {"data", r.data}, {"accum_steps", r.accum_steps}});
   return {{"date", b.date}, {"cpu", b.cpu}, {"cores", b.cores}, {"command", b.command}, {"rows", std::move(rows)}};
 }
 
@@ -80,6 +82,12 @@ BenchResults results_from_json(const nlohmann::ordered_json& j, const std::strin
     r.final_loss = json_number(o, "final_loss");
     r.test_acc = o.value("test_acc", 0.0);
     r.note = o.value("note", "");
+    r.strategy = o.value("strategy", "");
+    r.precision = o.value("precision", "");
+    r.opt_level = o.value("opt_level", "");
+    r.sync_bn = o.value("sync_bn", false);
+    r.data = o.value("data", "");
+    r.accum_steps = o.value("accum_steps", int64_t{1});
     b.rows.push_back(std::move(r));
   }
   return b;
@@ -125,9 +133,6 @@ std::string to_markdown(const BenchResults& b) {
      << "| configuration | impl | ranks x threads | train s | samples/s | peak RSS MiB (rank 0) | params MiB | grads MiB "
         "| optimizer MiB | comm MiB/step | final loss | test acc |\n"
      << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-  double best = 0;
-  const BenchRow* fastest = nullptr;
-  const BenchRow* leanest = nullptr;
   for (const BenchRow& r : b.rows) {
     md << "| " << r.name << " | " << r.implementation << " | " << r.world_size << " x " << r.threads << " | ";
     if (!r.ok) {
@@ -142,23 +147,12 @@ std::string to_markdown(const BenchResults& b) {
     }
     md
        << (r.implementation == "lockstep" ? mib(r.comm_bytes_per_step) : "n/a") << " | " << (std::isfinite(r.final_loss) ? fixed(r.final_loss, 4) : "n/a") << " | " << fixed(r.test_acc, 4) << " |\n";
-    if (r.implementation == "lockstep" && r.samples_per_s > best) best = r.samples_per_s, fastest = &r;
-    if (r.implementation == "lockstep" && (!leanest || r.peak_rss_mib < leanest->peak_rss_mib)) leanest = &r;
   }
   md << "\n";
   for (const BenchRow& r : b.rows)
     if (!r.note.empty()) md << "- **" << label(r) << "**: " << r.note << "\n";
   md << "\n## What to pick\n\n";
-  if (fastest)
-    md << "On this machine the fastest configuration was **" << fastest->name << "** ("
-       << fixed(fastest->samples_per_s, 0) << " samples/s); the smallest rank 0 was **" << leanest->name << "** ("
-       << fixed(leanest->peak_rss_mib, 0) << " MiB peak RSS). ";
-  md << "Pick DDP over DataParallel whenever you can start one process per device: it overlaps the gradient "
-        "all-reduce with backward and has no single process gathering outputs. Use bf16 mixed precision (O1, or "
-        "O2 with fp32 masters) for speed at fp32's accuracy; pure bf16 (O3) is the smallest and may lose "
-        "accuracy on longer runs (compare its test accuracy with fp32's above). Use ZeRO or FSDP when the optimizer state or the parameters do not fit in one device: they "
-        "trade communication for memory per rank. Gradient accumulation gives a larger effective batch at the "
-        "same memory, and SyncBatchNorm keeps BatchNorm statistics right when the per-rank batch is small.\n";
+  for (const std::string& sentence : bench_advice(b)) md << "- " << sentence << "\n";
   return md.str();
 }
 

@@ -122,6 +122,17 @@ TEST(Bench, RunsEachRowAsAChildAndWritesTheTableCsvJsonAndCharts) {
   EXPECT_EQ(local.comm_bytes_per_step, 0);
   EXPECT_EQ(ddp.world_size, 2);
   EXPECT_THAT(b.command, HasSubstr("bench --model mlp"));
+  // How each row trained, from its run's own log (what bench_advice pairs rows by).
+  EXPECT_EQ(local.strategy, "local");
+  EXPECT_EQ(dp.strategy, "dp");
+  EXPECT_EQ(ddp.strategy, "ddp");
+  for (const auto& row : b.rows) {
+    EXPECT_EQ(row.precision, "fp32") << row.name;
+    EXPECT_EQ(row.opt_level, "O0") << row.name;
+    EXPECT_EQ(row.data, "synthetic") << row.name;
+    EXPECT_EQ(row.accum_steps, 1) << row.name;
+    EXPECT_FALSE(row.sync_bn) << row.name;
+  }
 
   const std::string md = testing::read_text(out / "results.md"), csv = testing::read_text(out / "results.csv");
   for (const auto& row : b.rows) {
@@ -129,6 +140,8 @@ TEST(Bench, RunsEachRowAsAChildAndWritesTheTableCsvJsonAndCharts) {
     EXPECT_THAT(csv, HasSubstr(row.name + ",lockstep,"));
   }
   EXPECT_THAT(md, HasSubstr("## What to pick"));
+  EXPECT_THAT(md, HasSubstr("**ddp** ran at "));  // against dp, with this run's figures
+  EXPECT_THAT(md, HasSubstr("**dp (DataParallel)**'s speed"));
   const std::string speed = testing::read_text(out / "throughput.svg");
   const std::regex bar("data-value=\"([^\"]*)\"");
   std::vector<double> values;

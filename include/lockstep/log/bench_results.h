@@ -27,6 +27,14 @@ struct BenchRow {
   double final_loss = 0;
   double test_acc = 0;
   std::string note;                 // why the row reads as it does (pure half's accuracy, ...)
+  // How the row trained, as the run resolved it (its JSONL log's settings; the peer's from its
+  // flags): what bench_advice pairs rows by. Empty strings: unknown (a results.json from before).
+  std::string strategy;             // "ddp", "zero2", ...
+  std::string precision;            // "fp32", "bf16"
+  std::string opt_level;            // "O0" .. "O3"
+  bool sync_bn = false;
+  std::string data;                 // "fashion-mnist", "imagefolder", ...
+  int64_t accum_steps = 1;
 };
 
 struct BenchResults {
@@ -45,8 +53,14 @@ BenchResults read_bench_results(const std::string& dir);
 
 // results.csv: a header, then one line per row (RFC 4180 quoting).
 std::string to_csv(const BenchResults& results);
-// results.md: the machine and command, the table, and what to pick for what.
+// results.md: the machine and command, the table, and what to pick (bench_advice).
 std::string to_markdown(const BenchResults& results);
+
+// What to pick, read off the table: each sentence compares rows that differ in one respect
+// (precision, strategy, SyncBN, accumulation, where the data comes from, the implementation) and
+// gives the measured ratio and what follows from it on this machine. A comparison whose rows are
+// missing or failed is left out; no sentence is fixed text.
+std::vector<std::string> bench_advice(const BenchResults& results);
 
 // Global samples/s per configuration, one bar each (failed rows left out).
 std::string throughput_chart_svg(const BenchResults& results);
