@@ -29,6 +29,9 @@ Command add_run_command(CLI::App& app, const std::optional<std::vector<std::stri
                   "Seconds between SIGTERM and SIGKILL when stopping workers");
   cmd->add_option("--heartbeat-timeout", o->heartbeat_timeout(),
                   "Seconds another node's launcher may stay silent before its node is declared failed");
+  cmd->add_option("--iface", o->iface(),
+                  "Network interfaces the workers' Gloo binds, comma-separated (sets LOCKSTEP_SOCKET_IFNAME; "
+                  "GLOO_SOCKET_IFNAME is read too)");
   // Only for `lockstep run PROGRAM` without "--"; after "--", main() hands over the words untouched.
   cmd->add_option("program", o->program(), "PROGRAM [ARGS...], after --");
 

@@ -12,8 +12,10 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
+#include "lockstep/core/network.h"
 #include "lockstep/core/world.h"
 #include "shm_collectives.h"
 
@@ -102,11 +104,35 @@ void rendezvous(c10d::Store& store, int64_t rank, int64_t world, std::chrono::mi
   }
 }
 
-// A Gloo backend over `store` (its keys under "gloo/"): connects to every other rank of the group.
+// The interfaces Gloo is to bind: `iface`, else LOCKSTEP_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME (PyTorch's
+// variable, which LibTorch's C++ API does not read itself); empty for Gloo's default device.
+std::vector<std::string> chosen_interfaces(const std::string& iface, int64_t rank, int64_t world) {
+  std::string list = iface, source = "iface";
+  for (const char* name : {"LOCKSTEP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    const char* value = std::getenv(name);
+    if (!list.empty() || value == nullptr || *value == '\0') continue;
+    list = value, source = name;
+  }
+  if (list.empty()) return {};
+  return parse_interfaces(list, c10::str("rank ", rank, " of ", world, ": ", source));
+}
+
+// A Gloo backend over `store` (its keys under "gloo/"): connects to every other rank of the group,
+// through a device per interface of `interfaces` (Gloo's default device when empty). `bound`, when
+// given, receives what the devices bound.
 c10::intrusive_ptr<c10d::ProcessGroup> gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
-                                                    int64_t size, std::chrono::milliseconds timeout) {
+                                                    int64_t size, std::chrono::milliseconds timeout,
+                                                    const std::vector<std::string>& interfaces,
+                                                    std::string* bound = nullptr) {
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  if (interfaces.empty()) options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  for (const std::string& name : interfaces) options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+  if (bound != nullptr) {
+    std::vector<std::string> devices;
+    for (const auto& device : options->devices)  // Gloo's own words: "tcp, pci=, iface=eth1, speed=-1, addr=[10.0.0.2]"
+      devices.push_back(device->str() + (interfaces.empty() ? " (the host name's address)" : ""));
+    *bound = c10::Join("; ", devices);
+  }
   return c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store),
                                                      static_cast<int>(rank), static_cast<int>(size), options);
 }
@@ -115,14 +141,23 @@ c10::intrusive_ptr<c10d::ProcessGroup> gloo_backend(const c10::intrusive_ptr<c10
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
                            c10::intrusive_ptr<c10d::ProcessGroup> backend,
-                           std::chrono::milliseconds timeout, SharedMemory shared_memory)
+                           std::chrono::milliseconds timeout, SharedMemory shared_memory,
+                           std::vector<std::string> interfaces, std::string network)
     : store_(std::move(store)),
       backend_(std::move(backend)),
       timeout_(timeout),
       rank_(backend_->getRank()),
       size_(backend_->getSize()),
       shared_memory_(shared_memory),
+      interfaces_(std::move(interfaces)),
+      network_(std::move(network)),
       shm_(ShmCollectives::create(*store_, rank_, size_, timeout_, shared_memory)) {}
+
+std::string ProcessGroup::describe() const {
+  return c10::str("rank ", rank_, " of ", size_, (network_.empty() ? "" : "; " + network_),
+                  "; shared memory between the ranks of a host: ", shm_ ? "on" : "off", "; timeout ", seconds(timeout_),
+                  " s per collective");
+}
 
 ProcessGroup::~ProcessGroup() = default;  // backend before store: members die in reverse order
 
@@ -340,14 +375,14 @@ std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
   const int64_t rank = me - ranks.begin(), size = static_cast<int64_t>(ranks.size());
   c10::intrusive_ptr<c10d::ProcessGroup> backend;
   try {
-    backend = gloo_backend(store, rank, size, timeout_);
+    backend = gloo_backend(store, rank, size, timeout_, interfaces_);
   } catch (const std::exception& e) {
     const std::string why = e.what();
     TORCH_CHECK(false, "rank ", rank_, " of ", size_, ": subgroup ", index, " of ranks [", c10::Join(", ", ranks),
                 "] did not connect within ", seconds(timeout_), " s (", why.substr(0, why.find('\n')),
                 "); every rank must call new_group for the same subgroups in the same order");
   }
-  auto group = std::make_unique<ProcessGroup>(store, backend, timeout_, shared_memory_);
+  auto group = std::make_unique<ProcessGroup>(store, backend, timeout_, shared_memory_, interfaces_);
   group->parent_ = this;
   group->parent_ranks_ = " (ranks " + c10::Join(", ", ranks) + " of the parent)";
   return group;
@@ -371,6 +406,7 @@ std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   TORCH_CHECK_VALUE(world >= 1, "world size ", world, " must be at least 1");
   TORCH_CHECK_VALUE(rank >= 0 && rank < world, "rank ", rank, " is not smaller than world size ",
                     world, "; ranks run from 0 to ", world - 1);
+  const std::vector<std::string> interfaces = chosen_interfaces(options.iface(), rank, world);  // before anyone waits
 
   c10::intrusive_ptr<c10d::Store> store;
   std::string where;
@@ -393,8 +429,11 @@ std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   store->setTimeout(meet);
   rendezvous(*store, rank, world, meet, where);
   store->setTimeout(options.timeout());  // the collectives' from here on
-  return std::make_unique<ProcessGroup>(store, gloo_backend(store, rank, world, options.timeout()), options.timeout(),
-                                        options.shared_memory());
+  std::string bound;
+  auto gloo = gloo_backend(store, rank, world, options.timeout(), interfaces, &bound);
+  return std::make_unique<ProcessGroup>(store, gloo, options.timeout(), options.shared_memory(), interfaces,
+                                        c10::str("store ", where, " (", method.substr(0, method.find(':')),
+                                                 ", rendezvous timeout ", seconds(meet), " s); Gloo over ", bound));
 }
 
 }  // namespace lockstep::dist

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "lockstep/core/network.h"
 #include "lockstep/core/process.h"
 #include "lockstep/launch/rendezvous.h"
 #include "lockstep/launch/shutdown_signals.h"
@@ -126,6 +127,7 @@ void LaunchOptions::validate() const {
   check_count("--max-restarts", max_restarts_, 0, kMaxRestarts, "0 (the default) never restarts");
   check_seconds("--grace-period", grace_period_, 0.0,
                 "it is how long stopping workers may take before SIGKILL; the default is 5");
+  if (!iface_.empty()) parse_interfaces(iface_, "--iface");
   check_seconds("--heartbeat-timeout", heartbeat_timeout_, kMinHeartbeatTimeout,
                 "launchers beat every " + std::to_string(kPeerCheckEvery.count()) +
                     " ms, so allow several beats; the default is 30");
@@ -156,6 +158,7 @@ std::vector<std::string> Launcher::worker_env(int64_t rank, int64_t local_rank, 
       {"MASTER_PORT", std::to_string(master_port)},
       {"LOCKSTEP_RESTART_COUNT", std::to_string(restart)},
   };
+  if (!options_.iface().empty()) ours.emplace_back("LOCKSTEP_SOCKET_IFNAME", options_.iface());
   const char* omp = std::getenv("OMP_NUM_THREADS");
   if (omp == nullptr || *omp == '\0')
     ours.emplace_back("OMP_NUM_THREADS",

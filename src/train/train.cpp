@@ -11,6 +11,7 @@
 #include "lockstep/core/heap.h"
 #include "lockstep/core/names.h"
 #include "lockstep/core/process.h"
+#include "lockstep/core/report.h"
 #include "lockstep/core/world.h"
 #include "lockstep/models/torchscript_module.h"
 #include "lockstep/train/trainer.h"
@@ -48,6 +49,7 @@ TrainResult train(const TrainOptions& o) {
   if (world.world_size > 1)
     group = dist::init_process_group(dist::InitOptions().timeout(
         std::chrono::milliseconds(static_cast<int64_t>(std::llround(o.timeout() * 1000.0)))));
+  if (group && group->rank() == 0) report(o.trainer().reporter(), ReportKind::kInfo, "process group: " + group->describe());
 
   ReferenceData data = o.text() ? make_text_data(o) : make_image_data(o);
   // The weights are final before the strategy converts, broadcasts or shards them.

@@ -72,6 +72,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadInput{"train --transform Grayscale", "--transform, --val-transform and --val-dir apply to"},
                       BadInput{"train --data imagefolder --data-dir /tmp --val-split 1.5", "--val-split 1.5 must be a fraction"},
                       BadInput{"train --workers -1", "--workers"},
+                      BadInput{"run --iface nope0 -- true", "--iface names network interface 'nope0', which this host "
+                                                            "does not have"},
                       BadInput{"", "subcommand"}));
 
 // Every command's counts are checked as train's are: the rule in words, never CLI11's 309-digit

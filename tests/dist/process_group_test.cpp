@@ -7,6 +7,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <optional>
+#include <thread>
 #include <future>
 #include <mutex>
 
@@ -292,6 +295,75 @@ TEST(ProcessGroup, ACollectiveTimeoutNamesTheRankThatDidNotArrive) {
     EXPECT_THAT(messages[rank], HasSubstr("Rank 2 did not sign in within 1 s of the failure: it stalled"));
     EXPECT_THAT(messages[rank], HasSubstr("lockstep train --timeout"));
   }
+}
+
+// Sets an environment variable for one test and puts back what was there (suites share a process).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// GLOO_SOCKET_IFNAME's job (iface): two ranks whose Gloo binds loopback by name reduce, and so
+// does a subgroup of theirs, which binds the same interface; describe() says what was bound.
+TEST(ProcessGroup, GlooBindsTheNamedInterfaceAndSaysSo) {
+  const int port = testing::free_port();
+  std::vector<std::string> described(2);
+  std::vector<std::exception_ptr> errors(2);
+  std::vector<std::thread> ranks;
+  for (int64_t r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        auto group = init_process_group(testing::loopback(r, 2, port).iface("lo"));
+        torch::Tensor t = torch::full({3}, static_cast<float>(r + 1));
+        group->all_reduce(t);
+        EXPECT_TRUE(torch::equal(t, torch::full({3}, 3.0f)));
+        auto sub = group->new_group({0, 1});
+        torch::Tensor u = torch::full({2}, static_cast<float>(r));
+        sub->all_reduce(u);
+        EXPECT_TRUE(torch::equal(u, torch::full({2}, 1.0f)));
+        described[r] = group->describe();
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  EXPECT_THAT(described[0], HasSubstr("rank 0 of 2; store 127.0.0.1:" + std::to_string(port) + " (tcp"));
+  EXPECT_THAT(described[0], HasSubstr("Gloo over "));
+  EXPECT_THAT(described[0], HasSubstr("iface=lo"));
+  EXPECT_THAT(described[0], HasSubstr("addr=[127.0.0.1]"));
+  EXPECT_THAT(described[1], HasSubstr("rank 1 of 2;"));
+}
+
+// An interface this host lacks is refused at once, before the rendezvous would wait for the other
+// rank, naming where the name came from and the interfaces there are. LOCKSTEP_SOCKET_IFNAME comes
+// before PyTorch's GLOO_SOCKET_IFNAME, and the option before both.
+TEST(ProcessGroup, AnInterfaceThisHostLacksIsRefusedAtOnceNamingWhereItCameFrom) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THAT(testing::error_message([] { init_process_group(testing::loopback(0, 2, 1).iface("nope0")); }),
+              ::testing::AllOf(HasSubstr("rank 0 of 2: iface names network interface 'nope0', which this host does "
+                                         "not have"),
+                               HasSubstr("its interfaces are "), HasSubstr("lo")));
+  {
+    ScopedEnv gloo("GLOO_SOCKET_IFNAME", "nope1");
+    EXPECT_THAT(testing::error_message([] { init_process_group(testing::loopback(1, 2, 1)); }),
+                HasSubstr("rank 1 of 2: GLOO_SOCKET_IFNAME names network interface 'nope1'"));
+    ScopedEnv ours("LOCKSTEP_SOCKET_IFNAME", "nope2,lo");
+    EXPECT_THAT(testing::error_message([] { init_process_group(testing::loopback(1, 2, 1)); }),
+                HasSubstr("rank 1 of 2: LOCKSTEP_SOCKET_IFNAME names network interface 'nope2'"));
+    EXPECT_THAT(testing::error_message([] { init_process_group(testing::loopback(1, 2, 1).iface("lo,,lo")); }),
+                HasSubstr("rank 1 of 2: iface 'lo,,lo' has an empty interface name"));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
 }
 
 }  // namespace

@@ -309,6 +309,37 @@ TEST(MultiNode, TwoNetworkNamespacesJoinedByVethFormOneJob) {
   }
 }
 
+// Gloo binds the address the host name resolves to unless told an interface, and inside these
+// namespaces the host name resolves outside them. `lockstep run --iface` hands each node's veth to
+// its workers (LOCKSTEP_SOCKET_IFNAME); they train over it, and rank 0 says first what was bound.
+TEST(MultiNode, IfaceBindsEachNodesGlooToItsVethAndRankZeroSaysSo) {
+  if (const std::string why = namespaces_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  NamespacePair ns;
+  if (!ns.error().empty()) GTEST_SKIP() << "cannot create network namespaces here: " << ns.error();
+  TempDir dir;
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    std::vector<std::string> argv = ns.exec(n);
+    argv.insert(argv.end(), {LOCKSTEP_CLI, "run", "--nnodes", "2", "--node-rank", std::to_string(n), "--master-addr",
+                             NamespacePair::kAddresses[0], "--master-port", "29500", "--rdzv-timeout", "20",
+                             "--iface", ns.device(n), "--", LOCKSTEP_CLI, "train", "--model", "mlp", "--data",
+                             "synthetic", "--limit", "64", "--batch-size", "16", "--epochs", "1", "--quiet",
+                             "--timeout", "20"});
+    nodes.push_back(std::make_unique<ChildProcess>(argv, dir / ("node" + std::to_string(n) + ".out")));
+  }
+  std::vector<std::string> out(2);
+  for (int n = 0; n < 2; ++n) {
+    const std::optional<int> code = nodes[n]->wait_for(seconds(60));
+    out[n] = testing::read_text(dir / ("node" + std::to_string(n) + ".out"));
+    ASSERT_EQ(code.value_or(-1), 0) << "node " << n << ":\n" << out[n];
+  }
+  EXPECT_THAT(out[0], HasSubstr("process group: rank 0 of 2; store " + std::string(NamespacePair::kAddresses[0]) +
+                                ":29500 (env"));
+  EXPECT_THAT(out[0], HasSubstr("iface=" + ns.device(0) + ", "));
+  EXPECT_THAT(out[0], HasSubstr("addr=[" + std::string(NamespacePair::kAddresses[0]) + "]"));
+  EXPECT_THAT(out[1], Not(HasSubstr("process group:")));  // rank 0 alone says it
+}
+
 // Node 1's launcher is SIGKILLed mid-run (its workers die with it); node 0's workers would wait in
 // their next collective until its timeout. Node 0 must stop them within --heartbeat-timeout + 5 s.
 // See Note [Launcher heartbeats].

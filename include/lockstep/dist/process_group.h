@@ -38,6 +38,11 @@ struct InitOptions {
   // start at different times get longer to meet than a collective gets to finish.
   TORCH_ARG(c10::optional<std::chrono::milliseconds>, rendezvous_timeout) = c10::nullopt;
   TORCH_ARG(SharedMemory, shared_memory) = SharedMemory::kAuto;
+  // The network interfaces Gloo binds, comma-separated ("eth1" or "eth1,eth2": Gloo spreads its
+  // connections over several), as GLOO_SOCKET_IFNAME is for PyTorch. Empty: the environment's
+  // LOCKSTEP_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME, else the address this host's name resolves to
+  // (Gloo's default). A name this host does not have is refused before the rendezvous.
+  TORCH_ARG(std::string, iface) = "";
 };
 
 // One process's membership in a group of ranks: the store, the c10d backend, and the collectives
@@ -45,8 +50,11 @@ struct InitOptions {
 class ProcessGroup {
  public:
   // Collective over the group: with kAuto, every rank maps the shared-memory segment here.
+  // `interfaces`: what the backend's Gloo devices bound (empty: Gloo's default), for its subgroups'
+  // own; `network`: how the ranks reach each other, for describe() ("store 10.0.0.1:29500; ...").
   ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> backend,
-               std::chrono::milliseconds timeout, SharedMemory shared_memory = SharedMemory::kOff);
+               std::chrono::milliseconds timeout, SharedMemory shared_memory = SharedMemory::kOff,
+               std::vector<std::string> interfaces = {}, std::string network = "");
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -54,6 +62,9 @@ class ProcessGroup {
   int64_t rank() const { return rank_; }
   int64_t size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // The group's effective settings in one line, what a run prints first on rank 0: the world,
+  // the store, the interfaces and addresses Gloo bound, shared memory, the timeout.
+  std::string describe() const;
 
   // Whether sum and mean all-reduces of contiguous CPU floats and broadcasts of contiguous CPU
   // tensors go through shared memory (see Note [Collectives through shared memory]); the same on
@@ -150,6 +161,8 @@ class ProcessGroup {
   std::string parent_ranks_;        // a subgroup's, for errors: " (ranks 1, 3 of the parent)"
   int64_t subgroups_made_ = 0;
   SharedMemory shared_memory_;
+  std::vector<std::string> interfaces_;  // Gloo's, by name; empty: its default device
+  std::string network_;                  // for describe()
   std::unique_ptr<ShmCollectives> shm_;  // last: its worker stops before the rest goes
 };
 

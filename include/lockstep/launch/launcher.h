@@ -32,6 +32,9 @@ struct LaunchOptions {
   // Seconds another node's launcher may stay silent before its node is declared failed.
   // See Note [Launcher heartbeats].
   TORCH_ARG(double, heartbeat_timeout) = 30.0;
+  // Network interfaces the workers' Gloo binds, comma-separated (dist::InitOptions::iface): passed
+  // to them as LOCKSTEP_SOCKET_IFNAME. Empty: the workers' environment decides.
+  TORCH_ARG(std::string, iface) = "";
   // What the launcher says about the workers (a failure, its stderr tail, restarts): see Note [Reports].
   TORCH_ARG(Reporter, reporter) = stdio_reporter("lockstep run");
 
@@ -48,8 +51,8 @@ constexpr int kWorkersFailed = 1;          // launcher exit code when the group 
 // launcher is told to stop.
 //
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (node rank),
-// MASTER_ADDR, MASTER_PORT, LOCKSTEP_RESTART_COUNT and, unless already set, OMP_NUM_THREADS
-// (cores / nproc_per_node, at least 1).
+// MASTER_ADDR, MASTER_PORT, LOCKSTEP_RESTART_COUNT, LOCKSTEP_SOCKET_IFNAME (with iface) and, unless
+// already set, OMP_NUM_THREADS (cores / nproc_per_node, at least 1).
 class Launcher {
  public:
   // Validates the options and resolves the program on PATH (c10::ValueError when it is missing).
