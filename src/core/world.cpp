@@ -50,8 +50,10 @@ WorldInfo world_from_env() {
                 w.local_rank, " is outside [0, ", w.local_world_size, ")");
     break;
   }
-  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0')
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') {
     w.master_addr = addr;
+    w.master_addr_given = true;
+  }
   if (auto port = env_int("MASTER_PORT")) {
     TORCH_CHECK(*port > 0 && *port < 65536, "MASTER_PORT=", *port, " is not a TCP port (1-65535)");
     w.master_port = static_cast<int>(*port);

@@ -102,5 +102,21 @@ TEST(Process, DefaultThreadsDivideCoresByLocalWorldSize) {
   EXPECT_EQ(default_intra_op_threads(), 1);  // never below one
 }
 
+TEST(Process, DefaultThreadsDivideCoresByMpirunsLocalSize) {
+  const int cores = available_cores();
+  ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_EQ(default_intra_op_threads(), std::max(1, cores / 2));
+}
+
+TEST(World, MasterAddrIsMarkedGivenOnlyWhenSet) {
+  {
+    ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+    EXPECT_FALSE(world_from_env().master_addr_given);
+  }
+  ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}});
+  EXPECT_TRUE(world_from_env().master_addr_given);
+}
+
 }  // namespace
 }  // namespace lockstep

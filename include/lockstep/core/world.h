@@ -13,6 +13,7 @@ struct WorldInfo {
   int64_t local_world_size = 1;  // processes on this node
   int64_t group_rank = 0;        // node rank
   std::string master_addr = "127.0.0.1";
+  bool master_addr_given = false;  // MASTER_ADDR was set; otherwise master_addr is the default above
   int master_port = 29500;       // PyTorch's default
   int64_t restart_count = 0;     // LOCKSTEP_RESTART_COUNT: how often `lockstep run` restarted the group
   std::string source = "default";  // which launcher's variables were read: torchrun, mpirun, srun, default
@@ -21,7 +22,9 @@ struct WorldInfo {
 // Reads the launcher's variables: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 // MASTER_ADDR, MASTER_PORT (lockstep run, torchrun); when RANK is absent, OMPI_COMM_WORLD_RANK /
 // _SIZE / _LOCAL_RANK / _LOCAL_SIZE (mpirun), then SLURM_PROCID / NTASKS / LOCALID / NODEID (srun);
-// otherwise a single process. Throws c10::Error naming the variable when a value is malformed or
+// otherwise a single process. mpirun and srun say nothing about rank 0's address: across hosts
+// MASTER_ADDR must be exported to every rank (see Note [Rank 0's address under mpirun and srun]).
+// Throws c10::Error naming the variable when a value is malformed or
 // inconsistent (rank >= world size).
 WorldInfo world_from_env();
 
