@@ -381,13 +381,15 @@ namespace {
 
 // Note [Rank 0's address under mpirun and srun]
 // torchrun and `lockstep run` export MASTER_ADDR; mpirun and srun export only ranks and sizes, so
-// without MASTER_ADDR every rank looks for rank 0 on 127.0.0.1. That is right on one host and a
-// rendezvous timeout on several, minutes later. When the launcher's own variables say that the
-// ranks span hosts (fewer local ranks than ranks) and MASTER_ADDR was not set, the run stops at
-// once and says how to export it. The port defaults to 29500 as in PyTorch; two jobs sharing a
+// without MASTER_ADDR every rank would look for rank 0 on 127.0.0.1: right on one host, and a
+// rendezvous timeout on several, minutes later. srun's rank 0 runs on the first host of the step
+// (block distribution, SLURM's default), which world_from_env takes from SLURM_STEP_NODELIST.
+// mpirun gives nothing of the kind: when its variables say that the ranks span hosts (fewer
+// local ranks than ranks) and MASTER_ADDR was not set, the run stops at once and says how to
+// export it. The port defaults to 29500 as in PyTorch; two jobs sharing a
 // host need different MASTER_PORTs.
 void check_master_addr_reaches(const WorldInfo& env, int64_t rank, int64_t world) {
-  if (env.master_addr_given || env.local_world_size >= env.world_size || env.source == "default") return;
+  if (env.master_addr_from != "default" || env.local_world_size >= env.world_size || env.source == "default") return;
   TORCH_CHECK_VALUE(false, "rank ", rank, " of ", world, ": ", env.source, " started ranks on several hosts (",
                     env.local_world_size, " of ", env.world_size, " on this one) but MASTER_ADDR is not set, so "
                     "each rank would look for rank 0 on itself (127.0.0.1); export rank 0's host to every rank: "

@@ -36,4 +36,13 @@ inline std::vector<double> step_losses(const std::string& jsonl_path) {
   return losses;
 }
 
+// The losses of the small run under `lockstep run --nproc-per-node 2` (its log written in `dir`):
+// what every other engine's run of it is compared with.
+inline std::vector<double> lockstep_run_losses(const TempDir& dir) {
+  const auto r = run_command(std::string(LOCKSTEP_CLI) + " run --nproc-per-node 2 -- " +
+                             shell_words(small_train_args(dir / "run.jsonl")));
+  if (r.exit_code != 0) return {};
+  return step_losses(dir / "run.jsonl");
+}
+
 }  // namespace lockstep::testing

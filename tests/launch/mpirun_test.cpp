@@ -24,14 +24,6 @@ std::string mpirun_missing() {
              : "mpirun not found: install openmpi-bin (scripts/bootstrap --test)";
 }
 
-// The losses of the small run under `lockstep run --nproc-per-node 2`.
-std::vector<double> reference_losses(const testing::TempDir& dir) {
-  const auto r = testing::run_command(std::string(LOCKSTEP_CLI) + " run --nproc-per-node 2 -- " +
-                                      testing::shell_words(testing::small_train_args(dir / "run.jsonl")));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return testing::step_losses(dir / "run.jsonl");
-}
-
 const char* const kMpirun = "mpirun --allow-run-as-root --oversubscribe -np 2 ";
 
 TEST(MpiRun, TwoRanksOnOneHostTrainAsLockstepRunsTwoWorkers) {
@@ -45,7 +37,7 @@ TEST(MpiRun, TwoRanksOnOneHostTrainAsLockstepRunsTwoWorkers) {
                                       testing::shell_words(testing::small_train_args(dir / "mpi.jsonl")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("\"world_size\":2"));
-  const std::vector<double> expected = reference_losses(dir);
+  const std::vector<double> expected = testing::lockstep_run_losses(dir);
   ASSERT_EQ(expected.size(), 10u);
   EXPECT_EQ(testing::step_losses(dir / "mpi.jsonl"), expected);
 }
@@ -92,7 +84,7 @@ TEST(MpiRun, TwoHostsInNetworkNamespacesNeedAndUseMasterAddr) {
   const auto r = testing::run_command(mpirun + "-x MASTER_ADDR=" + testing::NamespacePair::kAddresses[0] + " " +
                                       testing::shell_words(testing::small_train_args(dir / "mpi.jsonl")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::vector<double> expected = reference_losses(dir);
+  const std::vector<double> expected = testing::lockstep_run_losses(dir);
   ASSERT_EQ(expected.size(), 10u);
   EXPECT_EQ(testing::step_losses(dir / "mpi.jsonl"), expected);
 }
