@@ -41,16 +41,10 @@ class ConfigReader {
   }
   int64_t integer(const YAML::Node& n, const std::string& key, int64_t low) const {
     const std::string v = text(n, key);
-    size_t used = 0;
-    int64_t value = 0;
-    try {
-      value = std::stoll(v, &used);
-    } catch (const std::logic_error&) {
-      used = 0;
-    }
-    TORCH_CHECK_VALUE(used == v.size() && !v.empty(), path_, ": ", key, ": '", v, "' is not an integer");
-    TORCH_CHECK_VALUE(value >= low, path_, ": ", key, ": ", value, " must be at least ", low);
-    return value;
+    const c10::optional<int64_t> value = parse_integer(v);
+    TORCH_CHECK_VALUE(value.has_value(), path_, ": ", key, ": '", v, "' is not an integer");
+    TORCH_CHECK_VALUE(*value >= low, path_, ": ", key, ": ", *value, " must be at least ", low);
+    return *value;
   }
   void unsupported(const std::string& key, const std::string& why) { unsupported_.push_back(key + ": " + why); }
   void worker_env(const char* name, const std::string& value, const std::string& key) {

@@ -31,16 +31,10 @@ class EnvReader {
   bool present(const char* name) const { return env_(name) != nullptr; }
 
   int64_t integer(const char* name, const std::string& text, int64_t low, int64_t high) const {
-    int64_t value = 0;
-    size_t used = 0;
-    try {
-      value = std::stoll(text, &used);
-    } catch (const std::logic_error&) {
-      used = 0;
-    }
-    TORCH_CHECK_VALUE(used == text.size() && !text.empty(), name, "='", text, "' is not an integer");
-    TORCH_CHECK_VALUE(value >= low && value <= high, name, "=", value, " is outside [", low, ", ", high, "]");
-    return value;
+    const c10::optional<int64_t> value = parse_integer(text);
+    TORCH_CHECK_VALUE(value.has_value(), name, "='", text, "' is not an integer");
+    TORCH_CHECK_VALUE(*value >= low && *value <= high, name, "=", *value, " is outside [", low, ", ", high, "]");
+    return *value;
   }
 
   void note(const std::string& what, const std::string& value, const char* from) {

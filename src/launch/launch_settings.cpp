@@ -1,6 +1,7 @@
 #include "lockstep/launch/launch_settings.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace lockstep::launch {
 
@@ -18,6 +19,16 @@ void LaunchSettings::apply_to(LaunchOptions& options) const {
               env.end());
     env.push_back(entry);
   }
+}
+
+c10::optional<int64_t> parse_integer(const std::string& text) {
+  size_t used = 0;
+  try {
+    const int64_t value = std::stoll(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::logic_error&) {  // not a number, or out of range
+  }
+  return c10::nullopt;
 }
 
 }  // namespace lockstep::launch

@@ -19,8 +19,8 @@ namespace lockstep::launch {
 //      launch/cluster_env.h),
 //   4. LaunchOptions' defaults.
 // What is named on the command line, flag or file, is the user's intent for this run; the
-// environment is what the pod or job happens to carry. The sources never merge half a value:
-// master_addr from one and master_port from another is fine, but each field comes whole from one.
+// environment is what the pod or job happens to carry. Each field comes whole from one source;
+// fields may come from different ones (master_addr from a flag, master_port from the environment).
 
 // The values one source gives; unset fields leave LaunchOptions as they are.
 struct LaunchSettings {
@@ -40,5 +40,9 @@ struct LaunchSettings {
   // Writes the set fields into `options` (a worker_env entry replaces one of the same name).
   void apply_to(LaunchOptions& options) const;
 };
+
+// The integer `text` spells, all of it ("12"; not "12x", "", or one past int64's range), else
+// nullopt: for values read from variables and config files.
+c10::optional<int64_t> parse_integer(const std::string& text);
 
 }  // namespace lockstep::launch
