@@ -175,13 +175,14 @@ void Reader::read_zero(const json& z) {
         parallel::StrategyKind::kDdp, parallel::StrategyKind::kZero1, parallel::StrategyKind::kZero2,
         parallel::StrategyKind::kFsdp};
     const parallel::StrategyKind kind = kStages[static_cast<size_t>(*stage)];
-    // Stage 0 is plain data parallelism: it decides nothing a strategy given or defaulted would not.
-    if (*stage > 0 || how_.given().strategy) {
+    // Stage 0 is plain data parallelism, and any stage on one process shards over one rank, which
+    // is no sharding (DeepSpeed runs it as such): they decide nothing the default would not.
+    if ((*stage > 0 && how_.world_size() > 1) || how_.given().strategy) {
       const std::string& name = parallel::to_string(kind);
       if (o_.trainer().strategy())
         agree(how_.given().strategy, parallel::to_string(*o_.trainer().strategy()), name,
               "zero_optimization.stage " + std::to_string(static_cast<int>(*stage)) + " (strategy)", "strategy");
-      if (*stage > 0) o_.trainer().strategy(kind);
+      if (*stage > 0 && how_.world_size() > 1) o_.trainer().strategy(kind);
     }
   }
   for (const char* key : {"offload_optimizer", "offload_param"}) {

@@ -108,6 +108,8 @@ TEST(DeepSpeedConfig, ZeroStagesAreStrategies) {
   EXPECT_EQ(apply_config({{"zero_optimization", {{"stage", 2}}}}, 2).options.trainer().strategy(), parallel::StrategyKind::kZero2);
   EXPECT_EQ(apply_config({{"zero_optimization", {{"stage", 3}}}}, 2).options.trainer().strategy(), parallel::StrategyKind::kFsdp);
   EXPECT_THAT(error_of({{"zero_optimization", {{"stage", 4}}}}), HasSubstr("zero_optimization.stage is 4"));
+  // One process: sharding over one rank is none; the run is a local one, as DeepSpeed's would be.
+  EXPECT_FALSE(apply_config({{"zero_optimization", {{"stage", 3}}}}, 1).options.trainer().strategy().has_value());
 }
 
 TEST(DeepSpeedConfig, PrecisionClippingOptimizerAndSchedule) {

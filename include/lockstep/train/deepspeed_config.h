@@ -16,7 +16,8 @@ namespace lockstep::train {
 // and its schedule. Each key maps to a TrainOptions value with DeepSpeed's meaning:
 //   train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size;
 //     any two give the third, all three must agree (DeepSpeed's rule);
-//   zero_optimization.stage 0/1/2/3 -> ddp (the default under a launcher) / zero1 / zero2 / fsdp;
+//   zero_optimization.stage 0/1/2/3 -> ddp (the default under a launcher) / zero1 / zero2 / fsdp,
+//     on several processes (one process shards nothing: the default, local);
 //   bf16.enabled, fp16.enabled (loss_scale 0: dynamic) -> precision; gradient_clipping -> clip_norm;
 //   optimizer {type Adam|AdamW|SGD, params} -> the optimizer; DeepSpeed's "Adam" is AdamW unless
 //     adam_w_mode is false, and its weight_decay defaults to 0;
