@@ -116,7 +116,7 @@ TEST(AccelerateConfig, PublicProjectsConfigsAllParse) {
 }
 
 // `lockstep run --config`: the config's num_processes start the workers, its precision reaches
-// them; a flag given explicitly wins over the file.
+// them; a flag given explicitly wins over the file, and the file over the environment.
 TEST(AccelerateConfig, RunStartsWhatTheConfigSaysAndFlagsWin) {
   const std::string cli = LOCKSTEP_CLI;
   const std::string program = " -- sh -c 'echo rank $RANK of $WORLD_SIZE $LOCKSTEP_PRECISION $LOCKSTEP_STRATEGY'";
@@ -129,6 +129,14 @@ TEST(AccelerateConfig, RunStartsWhatTheConfigSaysAndFlagsWin) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("rank 0 of 1 bf16 fsdp"));
   EXPECT_THAT(r.output, ::testing::Not(HasSubstr("rank 1")));
+  // The environment (a PyTorchJob's PET_NPROC_PER_NODE) gives way to the config, and fills in
+  // what nothing else gives.
+  r = testing::run_command("PET_NPROC_PER_NODE=3 " + cli + " run --config " + kConfigs + "accelerate-fsdp.yaml" + program);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("rank 1 of 2 bf16 fsdp"));
+  r = testing::run_command("PET_NPROC_PER_NODE=3 " + cli + " run" + program);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("rank 2 of 3"));
 }
 
 }  // namespace
