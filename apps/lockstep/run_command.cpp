@@ -2,6 +2,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "config_files.h"
 #include "lockstep/launch/launcher.h"
 
 namespace lockstep::cli {
@@ -32,16 +33,18 @@ Command add_run_command(CLI::App& app, const std::optional<std::vector<std::stri
   cmd->add_option("--iface", o->iface(),
                   "Network interfaces the workers' Gloo binds, comma-separated (sets LOCKSTEP_SOCKET_IFNAME; "
                   "GLOO_SOCKET_IFNAME is read too)");
+  auto sources = std::make_shared<RunSources>();
+  add_run_sources(cmd, *sources);
   // Only for `lockstep run PROGRAM` without "--"; after "--", main() hands over the words untouched.
   cmd->add_option("program", o->program(), "PROGRAM [ARGS...], after --");
 
-  return {cmd, [o, program_tail] {
+  return {cmd, [cmd, o, sources, program_tail] {
             // Words before "--" (if any) came through CLI11; a "--" after them was meant for them.
             if (program_tail) {
               if (!o->program().empty()) o->program().push_back("--");
               o->program().insert(o->program().end(), program_tail->begin(), program_tail->end());
             }
-            return launch::Launcher(*o).run();
+            return launch::Launcher(resolve_run_options(*cmd, *o, *sources)).run();
           }};
 }
 

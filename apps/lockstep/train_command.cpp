@@ -6,6 +6,7 @@
 
 #include "checks.h"
 #include "commands.h"
+#include "config_files.h"
 #include "lockstep/core/names.h"
 #include "lockstep/core/process.h"
 #include "lockstep/models/zoo.h"
@@ -293,9 +294,12 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--inject-nan", *inject, "Testing: make step S's loss NaN on rank R (S or S@R, S 0-based)")
       ->group(step);
 
-  return {cmd, [o, quiet, inject, betas] {
+  auto apply_config_files = add_train_config_options(cmd, o);
+
+  return {cmd, [o, quiet, inject, betas, apply_config_files] {
             if (!inject->empty()) parse_injection(*inject, *o);
             if (!betas->empty()) o->optimizer().beta1((*betas)[0]).beta2((*betas)[1]);
+            apply_config_files();
             if (*quiet) o->trainer().progress(nullptr);
             auto result = train::train(*o);
             if (result.rank == 0) std::cout << result.profile << result.summary_json() << std::endl;

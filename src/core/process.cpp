@@ -1,5 +1,7 @@
 #include "lockstep/core/process.h"
 
+#include "lockstep/core/world.h"
+
 #include <c10/util/Exception.h>
 #include <sched.h>
 #include <sys/resource.h>
@@ -37,7 +39,8 @@ std::optional<int64_t> env_int(const char* name) {
 }
 
 int default_intra_op_threads() {
-  int64_t local = env_int("LOCAL_WORLD_SIZE").value_or(1);
+  // LOCAL_WORLD_SIZE wherever it is set; mpirun and srun name the count their own way.
+  const int64_t local = env_int("LOCAL_WORLD_SIZE").value_or(world_from_env().local_world_size);
   TORCH_CHECK(local >= 1, "LOCAL_WORLD_SIZE=", local, " must be at least 1");
   return std::max<int>(1, available_cores() / static_cast<int>(local));
 }

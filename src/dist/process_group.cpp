@@ -104,6 +104,13 @@ void rendezvous(c10d::Store& store, int64_t rank, int64_t world, std::chrono::mi
   }
 }
 
+// Note [Gloo's network interface]
+// PyTorch's Python binding of ProcessGroupGloo reads GLOO_SOCKET_IFNAME (interfaces separated by
+// commas, one Gloo device each); the C++ class does not: its default device resolves this host's
+// name, which on a multi-homed host or in a network namespace is the wrong address or 127.0.0.1,
+// and then peers on other hosts cannot connect. lockstep reads the variable as Python does, after
+// its own (InitOptions::iface, then LOCKSTEP_SOCKET_IFNAME, which `lockstep run --iface` sets), and
+// refuses a name this host lacks before the rendezvous, where Gloo would fail only once connecting.
 // The interfaces Gloo is to bind: `iface`, else LOCKSTEP_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME (PyTorch's
 // variable, which LibTorch's C++ API does not read itself); empty for Gloo's default device.
 std::vector<std::string> chosen_interfaces(const std::string& iface, int64_t rank, int64_t world) {
@@ -388,6 +395,28 @@ std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
   return group;
 }
 
+namespace {
+
+// Note [Rank 0's address under mpirun and srun]
+// torchrun and `lockstep run` export MASTER_ADDR; mpirun and srun export only ranks and sizes, so
+// without MASTER_ADDR every rank would look for rank 0 on 127.0.0.1: right on one host, and a
+// rendezvous timeout on several, minutes later. srun's rank 0 runs on the first host of the step
+// (block distribution, SLURM's default), which world_from_env takes from SLURM_STEP_NODELIST.
+// mpirun gives nothing of the kind: when its variables say that the ranks span hosts (fewer
+// local ranks than ranks) and MASTER_ADDR was not set, the run stops at once and says how to
+// export it. The port defaults to 29500 as in PyTorch; two jobs sharing a
+// host need different MASTER_PORTs.
+void check_master_addr_reaches(const WorldInfo& env, int64_t rank, int64_t world) {
+  if (env.master_addr_from != "default" || env.local_world_size >= env.world_size || env.source == "default") return;
+  TORCH_CHECK_VALUE(false, "rank ", rank, " of ", world, ": ", env.source, " started ranks on several hosts (",
+                    env.local_world_size, " of ", env.world_size, " on this one) but MASTER_ADDR is not set, so "
+                    "each rank would look for rank 0 on itself (127.0.0.1); export rank 0's host to every rank: "
+                    "mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=<port>, or under srun "
+                    "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)");
+}
+
+}  // namespace
+
 std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   const std::string& method = options.init_method();
   TORCH_CHECK_VALUE(options.timeout().count() > 0, "timeout must be positive, got ", options.timeout().count(), " ms");
@@ -411,6 +440,7 @@ std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   c10::intrusive_ptr<c10d::Store> store;
   std::string where;
   if (method.rfind("env://", 0) == 0 || method.rfind("tcp://", 0) == 0) {
+    if (method.rfind("env://", 0) == 0) check_master_addr_reaches(env, rank, world);
     Endpoint at = method.rfind("env://", 0) == 0 ? Endpoint{env.master_addr, env.master_port}
                                                  : parse_tcp(method);
     where = at.host + ":" + std::to_string(at.port);

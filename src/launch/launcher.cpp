@@ -166,6 +166,8 @@ std::vector<std::string> Launcher::worker_env(int64_t rank, int64_t local_rank, 
 
   std::set<std::string> replaced;
   for (const auto& [name, value] : ours) replaced.insert(name);
+  for (const auto& [name, value] : options_.worker_env())  // the launcher's own variables win
+    if (replaced.insert(name).second) ours.emplace_back(name, value);
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;

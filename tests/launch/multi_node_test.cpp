@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "../test_util.h"
+#include "namespaces.h"
 
 namespace lockstep {
 namespace {
@@ -224,69 +225,12 @@ TEST(MultiNode, RestartAfterAFailureRestartsEveryNode) {
                                                           "[rank 2] 2 of 4 attempt 1", "[rank 3] 3 of 4 attempt 1"}));
 }
 
-// Two network namespaces, each a "node" with its own address, joined by a veth pair. Removed (with
-// the veth pair) when the object dies.
-class NamespacePair {
- public:
-  NamespacePair() {
-    const std::string id = std::to_string(::getpid() % 100000);
-    names_ = {"lockstep-a-" + id, "lockstep-b-" + id};
-    devices_ = {"lsa" + id, "lsb" + id};  // interface names are at most 15 characters
-    const std::vector<std::string> steps{
-        "ip netns add " + names_[0],
-        "ip netns add " + names_[1],
-        "ip link add " + devices_[0] + " type veth peer name " + devices_[1],
-        "ip link set " + devices_[0] + " netns " + names_[0],
-        "ip link set " + devices_[1] + " netns " + names_[1],
-        "ip -n " + names_[0] + " addr add " + kAddresses[0] + "/24 dev " + devices_[0],
-        "ip -n " + names_[1] + " addr add " + kAddresses[1] + "/24 dev " + devices_[1],
-        "ip -n " + names_[0] + " link set lo up",
-        "ip -n " + names_[1] + " link set lo up",
-        "ip -n " + names_[0] + " link set " + devices_[0] + " up",
-        "ip -n " + names_[1] + " link set " + devices_[1] + " up",
-        "ip netns exec " + names_[0] + " true",
-    };
-    for (const std::string& step : steps) {
-      testing::CommandResult r = testing::run_command(step);
-      if (r.exit_code != 0) {
-        error_ = "`" + step + "` failed (exit " + std::to_string(r.exit_code) + "): " + r.output;
-        return;
-      }
-    }
-  }
-  ~NamespacePair() {
-    for (const std::string& name : names_) testing::run_command("ip netns del " + name);
-  }
-  NamespacePair(const NamespacePair&) = delete;
-  NamespacePair& operator=(const NamespacePair&) = delete;
-
-  // Empty when both namespaces are up; otherwise the step that failed and why.
-  const std::string& error() const { return error_; }
-  std::vector<std::string> exec(int node) const { return {"ip", "netns", "exec", names_[node]}; }
-  const std::string& device(int node) const { return devices_[node]; }
-
-  static constexpr const char* kAddresses[2] = {"10.231.77.1", "10.231.77.2"};
-
- private:
-  std::vector<std::string> names_;
-  std::vector<std::string> devices_;
-  std::string error_;
-};
-
-// Why network namespaces cannot be made here, or "" when they can.
-std::string namespaces_unavailable() {
-  if (::geteuid() != 0) return "not root: creating network namespaces needs CAP_SYS_ADMIN";
-  if (testing::run_command("command -v ip").exit_code != 0)
-    return "`ip` not found: install iproute2 (scripts/bootstrap --test)";
-  return "";
-}
-
 TEST(MultiNode, TwoNetworkNamespacesJoinedByVethFormOneJob) {
-  if (const std::string why = namespaces_unavailable(); !why.empty()) GTEST_SKIP() << why;
-  NamespacePair ns;
+  if (const std::string why = testing::namespaces_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  testing::NamespacePair ns;
   if (!ns.error().empty()) GTEST_SKIP() << "cannot create network namespaces here: " << ns.error();
   TempDir dir;
-  const std::string master = NamespacePair::kAddresses[0];
+  const std::string master = testing::NamespacePair::kAddresses[0];
   // Fresh namespaces have every port free, so PyTorch's default port is safe.
   const std::string python = testing::python_with_torch();
   const std::vector<std::string> program =
@@ -313,15 +257,15 @@ TEST(MultiNode, TwoNetworkNamespacesJoinedByVethFormOneJob) {
 // namespaces the host name resolves outside them. `lockstep run --iface` hands each node's veth to
 // its workers (LOCKSTEP_SOCKET_IFNAME); they train over it, and rank 0 says first what was bound.
 TEST(MultiNode, IfaceBindsEachNodesGlooToItsVethAndRankZeroSaysSo) {
-  if (const std::string why = namespaces_unavailable(); !why.empty()) GTEST_SKIP() << why;
-  NamespacePair ns;
+  if (const std::string why = testing::namespaces_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  testing::NamespacePair ns;
   if (!ns.error().empty()) GTEST_SKIP() << "cannot create network namespaces here: " << ns.error();
   TempDir dir;
   std::vector<std::unique_ptr<ChildProcess>> nodes;
   for (int n = 0; n < 2; ++n) {
     std::vector<std::string> argv = ns.exec(n);
     argv.insert(argv.end(), {LOCKSTEP_CLI, "run", "--nnodes", "2", "--node-rank", std::to_string(n), "--master-addr",
-                             NamespacePair::kAddresses[0], "--master-port", "29500", "--rdzv-timeout", "20",
+                             testing::NamespacePair::kAddresses[0], "--master-port", "29500", "--rdzv-timeout", "20",
                              "--iface", ns.device(n), "--", LOCKSTEP_CLI, "train", "--model", "mlp", "--data",
                              "synthetic", "--limit", "64", "--batch-size", "16", "--epochs", "1", "--quiet",
                              "--timeout", "20"});
@@ -333,10 +277,10 @@ TEST(MultiNode, IfaceBindsEachNodesGlooToItsVethAndRankZeroSaysSo) {
     out[n] = testing::read_text(dir / ("node" + std::to_string(n) + ".out"));
     ASSERT_EQ(code.value_or(-1), 0) << "node " << n << ":\n" << out[n];
   }
-  EXPECT_THAT(out[0], HasSubstr("process group: rank 0 of 2; store " + std::string(NamespacePair::kAddresses[0]) +
+  EXPECT_THAT(out[0], HasSubstr("process group: rank 0 of 2; store " + std::string(testing::NamespacePair::kAddresses[0]) +
                                 ":29500 (env"));
   EXPECT_THAT(out[0], HasSubstr("iface=" + ns.device(0) + ", "));
-  EXPECT_THAT(out[0], HasSubstr("addr=[" + std::string(NamespacePair::kAddresses[0]) + "]"));
+  EXPECT_THAT(out[0], HasSubstr("addr=[" + std::string(testing::NamespacePair::kAddresses[0]) + "]"));
   EXPECT_THAT(out[1], Not(HasSubstr("process group:")));  // rank 0 alone says it
 }
 
@@ -383,10 +327,10 @@ TEST(MultiNode, NodeWhoseLauncherIsKilledIsDeclaredFailedByHeartbeat) {
 }
 
 TEST(MultiNode, HeartbeatAcrossTwoNetworkNamespaces) {
-  if (const std::string why = namespaces_unavailable(); !why.empty()) GTEST_SKIP() << why;
-  NamespacePair ns;
+  if (const std::string why = testing::namespaces_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  testing::NamespacePair ns;
   if (!ns.error().empty()) GTEST_SKIP() << "cannot create network namespaces here: " << ns.error();
-  node_killed_mid_run({ns.exec(0), ns.exec(1)}, NamespacePair::kAddresses[0], {{}, {}});
+  node_killed_mid_run({ns.exec(0), ns.exec(1)}, testing::NamespacePair::kAddresses[0], {{}, {}});
 }
 
 }  // namespace

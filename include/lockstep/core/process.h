@@ -15,7 +15,8 @@ double peak_rss_mib();
 int available_cores();
 
 // Intra-op threads for one worker: available cores divided by the processes sharing this node
-// (LOCAL_WORLD_SIZE, as set by `lockstep run` and torchrun), at least 1.
+// (world_from_env's local_world_size: LOCAL_WORLD_SIZE from `lockstep run` and torchrun,
+// OMPI_COMM_WORLD_LOCAL_SIZE from mpirun, SLURM_NTASKS_PER_NODE from srun), at least 1.
 int default_intra_op_threads();
 
 // The integer value of environment variable `name`, or nullopt when it is unset.

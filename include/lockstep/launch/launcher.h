@@ -4,11 +4,15 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lockstep/core/report.h"
 
 namespace lockstep::launch {
+
+// NAME=VALUE pairs for a process's environment.
+using EnvVars = std::vector<std::pair<std::string, std::string>>;
 
 // Everything `lockstep run` can be told; the CLI options carry the same names.
 struct LaunchOptions {
@@ -35,6 +39,9 @@ struct LaunchOptions {
   // Network interfaces the workers' Gloo binds, comma-separated (dist::InitOptions::iface): passed
   // to them as LOCKSTEP_SOCKET_IFNAME. Empty: the workers' environment decides.
   TORCH_ARG(std::string, iface) = "";
+  // NAME=VALUE pairs added to every worker's environment (before the launcher's own variables,
+  // which win): e.g. the training settings of an accelerate config, for `lockstep train`.
+  TORCH_ARG(EnvVars, worker_env);
   // What the launcher says about the workers (a failure, its stderr tail, restarts): see Note [Reports].
   TORCH_ARG(Reporter, reporter) = stdio_reporter("lockstep run");
 

@@ -1,0 +1,34 @@
+#include "lockstep/launch/launch_settings.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace lockstep::launch {
+
+void LaunchSettings::apply_to(LaunchOptions& options) const {
+  if (nproc_per_node) options.nproc_per_node(*nproc_per_node);
+  if (nnodes) options.nnodes(*nnodes);
+  if (node_rank) options.node_rank(*node_rank);
+  if (master_addr) options.master_addr(*master_addr);
+  if (master_port) options.master_port(*master_port);
+  if (max_restarts) options.max_restarts(*max_restarts);
+  if (rdzv_timeout) options.rdzv_timeout(*rdzv_timeout);
+  auto& env = options.worker_env();
+  for (const auto& entry : worker_env) {
+    env.erase(std::remove_if(env.begin(), env.end(), [&](const auto& e) { return e.first == entry.first; }),
+              env.end());
+    env.push_back(entry);
+  }
+}
+
+c10::optional<int64_t> parse_integer(const std::string& text) {
+  size_t used = 0;
+  try {
+    const int64_t value = std::stoll(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::logic_error&) {  // not a number, or out of range
+  }
+  return c10::nullopt;
+}
+
+}  // namespace lockstep::launch

@@ -1,0 +1,73 @@
+#pragma once
+// Two network namespaces as two "nodes" of a job, for the multi-node, mpirun and SLURM tests.
+
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "../test_util.h"
+
+namespace lockstep::testing {
+
+// Two network namespaces, each a "node" with its own address, joined by a veth pair whose ends
+// carry the same interface name in both (so one GLOO_SOCKET_IFNAME fits every node, as mpirun -x
+// passes one value to all ranks). Removed (with the veth pair) when the object dies.
+class NamespacePair {
+ public:
+  NamespacePair() {
+    const std::string id = std::to_string(::getpid() % 100000);
+    names_ = {"lockstep-a-" + id, "lockstep-b-" + id};
+    const std::string a = "lsa" + id, b = "lsb" + id;  // interface names are at most 15 characters
+    const std::vector<std::string> steps{
+        "ip netns add " + names_[0],
+        "ip netns add " + names_[1],
+        "ip link add " + a + " type veth peer name " + b,
+        "ip link set " + a + " netns " + names_[0],
+        "ip link set " + b + " netns " + names_[1],
+        "ip -n " + names_[0] + " link set " + a + " name " + kDevice,
+        "ip -n " + names_[1] + " link set " + b + " name " + kDevice,
+        "ip -n " + names_[0] + " addr add " + kAddresses[0] + "/24 dev " + kDevice,
+        "ip -n " + names_[1] + " addr add " + kAddresses[1] + "/24 dev " + kDevice,
+        "ip -n " + names_[0] + " link set lo up",
+        "ip -n " + names_[1] + " link set lo up",
+        "ip -n " + names_[0] + " link set " + kDevice + " up",
+        "ip -n " + names_[1] + " link set " + kDevice + " up",
+        "ip netns exec " + names_[0] + " true",
+    };
+    for (const std::string& step : steps) {
+      CommandResult r = run_command(step);
+      if (r.exit_code != 0) {
+        error_ = "`" + step + "` failed (exit " + std::to_string(r.exit_code) + "): " + r.output;
+        return;
+      }
+    }
+  }
+  ~NamespacePair() {
+    for (const std::string& name : names_) run_command("ip netns del " + name);
+  }
+  NamespacePair(const NamespacePair&) = delete;
+  NamespacePair& operator=(const NamespacePair&) = delete;
+
+  // Empty when both namespaces are up; otherwise the step that failed and why.
+  const std::string& error() const { return error_; }
+  const std::string& name(int node) const { return names_[node]; }
+  std::vector<std::string> exec(int node) const { return {"ip", "netns", "exec", names_[node]}; }
+  static std::string device(int /*node*/) { return kDevice; }
+
+  static constexpr const char* kAddresses[2] = {"10.231.77.1", "10.231.77.2"};
+  static constexpr const char* kDevice = "lsveth";
+
+ private:
+  std::vector<std::string> names_;
+  std::string error_;
+};
+
+// Why network namespaces cannot be made here, or "" when they can.
+inline std::string namespaces_unavailable() {
+  if (::geteuid() != 0) return "not root: creating network namespaces needs CAP_SYS_ADMIN";
+  if (run_command("command -v ip").exit_code != 0) return "`ip` not found: install iproute2 (scripts/bootstrap --test)";
+  return "";
+}
+
+}  // namespace lockstep::testing
