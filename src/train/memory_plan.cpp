@@ -87,8 +87,12 @@ struct Planner {
     const int64_t first_extra = std::llround(
         activation_scale * static_cast<double>(std::max<int64_t>(0, probe.first.at(rows) - grads_local - optim_local)));
     m.first_step = held + m.optimizer_state + first_extra;
-    if (eval_batch_size > 0)  // the held-out split, evaluated after each epoch
-      m.evaluation = held + m.optimizer_state + std::llround(eval_scale * static_cast<double>(probe.eval.at(eval_batch_size)));
+    if (eval_batch_size > 0) {  // the held-out split, evaluated after each epoch
+      // See Note [Planning memory]: the heap keeps the step's freed blocks, which tensors of
+      // another batch size cannot reuse.
+      const int64_t eval = std::llround(eval_scale * static_cast<double>(probe.eval.at(eval_batch_size)));
+      m.evaluation = held + m.optimizer_state + (eval_batch_size == rows ? std::max(eval, m.activations) : eval + m.activations);
+    }
     return m;
   }
 
@@ -125,7 +129,11 @@ struct Planner {
     const bool stage1 = kind == parallel::StrategyKind::kZero1;
     m.gradients = (stage1 ? s * world : s) * 4;
     m.optimizer_state = optimizer_bytes(make_optimizer, {{s}});
-    if (!stage1) m.buffers = std::min(s * world * 4, kShardBucketCapBytes);
+    // The collectives' own tensors (dist::ProcessGroup): reduce_scatter receives every rank's chunk
+    // of its input and sums them into a shard-sized tensor; Gloo's all-gather of the parameters
+    // fills a flat N x S output before copying it out. Stage 2 also stages one bucket at a time.
+    const int64_t bucket = stage1 ? s * world * 4 : std::min(s * world * 4, kShardBucketCapBytes);
+    m.buffers = (stage1 ? 0 : bucket) + bucket + bucket / world + s * world * 4;
   }
 
   // See Note [FSDP units]: each unit's shard, the largest unit gathered, the optimizer over the
@@ -147,7 +155,10 @@ struct Planner {
     }
     m.parameters += largest + parallel::frozen_parameter_bytes(model);
     m.optimizer_state = optimizer_bytes(make_optimizer, shards);
-    m.buffers = std::min(largest, kShardBucketCapBytes);
+    // A bucket's staging and what reduce_scatter receives for it, and Gloo's flat output of the
+    // largest unit's all-gather (see zero()).
+    const int64_t bucket = std::min(largest, kShardBucketCapBytes);
+    m.buffers = 2 * bucket + bucket / world + largest;
     if (!o.trainer().strategy_options().fsdp().reshard_after_forward()) m.buffers += gathered - largest;
   }
 

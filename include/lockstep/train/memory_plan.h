@@ -34,13 +34,19 @@ namespace lockstep::train {
 //                what Strategy::memory() reports.
 //   activations  see Note [Activations by a dry run].
 //   buffers      communication buffers outside those: ddp's gradient buckets (a copy of the
-//                gradients, PyTorch's layout), zero2's and fsdp's reduce-scatter staging (the
-//                largest bucket), the pipeline's received activations.
+//                gradients, PyTorch's layout); for zero1, zero2 and fsdp the collectives' own
+//                tensors (a reduce-scatter's received chunks and its sum, Gloo's flat output of
+//                the parameters' all-gather) and stage 2's and fsdp's bucket staging.
 // The peak is the largest of three moments: the first step, when the optimizer's state is created
 // after backward (DeepSpeed users meet this as a spike at the first step); a steady step, when the
 // state exists and activations and gradients peak together at the end of backward; and the
 // evaluation after an epoch, a forward without grad on eval_batch_size rows (200 for images, twice
 // a small training batch) while the gradients and the state are still held.
+// Resident memory is not live memory: train() keeps freed blocks in the heap (Note [Keeping freed
+// memory for the next step]), and blocks freed by the step cannot serve the evaluation's tensors of
+// another batch size, nor the collectives' tensors of other sizes. So the terms add: a rank's
+// resident peak is the step's high water plus the evaluation's plus the collectives', not their
+// maximum.
 
 // How a plan is made.
 struct MemoryPlanOptions {
