@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -112,6 +113,12 @@ int64_t mem_available(const std::string& path) {
 
 }  // namespace
 
+std::string format_mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f", static_cast<double>(bytes) / kMiB);
+  return text;
+}
+
 int64_t resident_bytes() {
   std::ifstream in("/proc/self/statm");
   int64_t size = 0, resident = 0;
@@ -126,13 +133,13 @@ MemoryLimit available_memory(const MemoryLimitOptions& o) {
   std::string version;
   if (const auto limit = cgroup_limit(o, &version)) {
     return {limit->bytes / o.local_ranks(),
-            c10::str(version, " ", limit->file, " = ", static_cast<double>(limit->bytes) / kMiB, " MiB", ranks)};
+            c10::str(version, " ", limit->file, " = ", format_mib(limit->bytes), " MiB", ranks)};
   }
   const int64_t available = mem_available(o.meminfo());
   const int64_t held = o.resident_bytes() >= 0 ? o.resident_bytes() : resident_bytes();
   return {available / o.local_ranks() + held,
-          c10::str("MemAvailable in ", o.meminfo(), " = ", static_cast<double>(available) / kMiB, " MiB", ranks,
-                   ", plus the ", static_cast<double>(held) / kMiB, " MiB this process holds")};
+          c10::str("MemAvailable in ", o.meminfo(), " = ", format_mib(available), " MiB", ranks, ", plus the ",
+                   format_mib(held), " MiB this process holds")};
 }
 
 }  // namespace lockstep::train

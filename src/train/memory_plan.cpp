@@ -331,9 +331,9 @@ std::string memory_plan_refusal(const MemoryPlan& plan, const MemoryLimit& limit
                                 const std::vector<MemoryPlan>& alternatives) {
   const RankMemory& worst = plan.largest();
   if (worst.peak() <= limit.bytes) return "";
-  std::string text = c10::str("rank ", worst.rank, " of ", plan.world_size, " would need ", mib(worst.peak()),
+  std::string text = c10::str("rank ", worst.rank, " of ", plan.world_size, " would need ", format_mib(worst.peak()),
                               " MiB at its peak (", worst.peak_moment(), ") under ", plan.strategy, " at ",
-                              plan.opt_level, ", batch ", plan.batch_size, ", more than the ", mib(limit.bytes),
+                              plan.opt_level, ", batch ", plan.batch_size, ", more than the ", format_mib(limit.bytes),
                               " MiB it may use (", limit.source, "). Planned: ", rank_breakdown(worst), ". ");
   std::vector<const MemoryPlan*> fitting;
   for (const MemoryPlan& a : alternatives)
@@ -344,8 +344,8 @@ std::string memory_plan_refusal(const MemoryPlan& plan, const MemoryLimit& limit
   for (const MemoryPlan* a : fitting) {
     const bool ckpt = a->checkpoint_activations && !plan.checkpoint_activations;
     fits.push_back(c10::str(a->strategy, ckpt ? " with activation checkpointing (TrainerOptions::checkpoint_activations)" : "",
-                            " needs ", mib(a->largest().peak()), " MiB per rank", ckpt && a->strategy == plan.strategy
-                                ? c10::str(" (saves ", mib(worst.peak() - a->largest().peak()), " MiB)") : ""));
+                            " needs ", format_mib(a->largest().peak()), " MiB per rank", ckpt && a->strategy == plan.strategy
+                                ? c10::str(" (saves ", format_mib(worst.peak() - a->largest().peak()), " MiB)") : ""));
   }
   text += fits.empty() ? "No other strategy or activation checkpointing fits either: lower the batch size, or give "
                          "the run more memory"

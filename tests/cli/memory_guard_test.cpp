@@ -19,7 +19,7 @@ using testing::run_command;
 namespace fs = std::filesystem;
 
 const std::string kCli = LOCKSTEP_CLI;
-const std::string kRun = " --model convnet --data synthetic --limit 200 --epochs 1 --quiet";
+const std::string kRun = " --model mlp --data synthetic --limit 200 --epochs 1 --quiet";
 
 // A child of this process's memory cgroup (v2, or v1 where the memory controller is mounted
 // apart), removed at the end; nullopt when this host does not let the test make one.

@@ -35,6 +35,9 @@ struct MemoryLimit {
 // /proc/meminfo cannot be read or parsed, and when local_ranks < 1.
 MemoryLimit available_memory(const MemoryLimitOptions& options = {});
 
+// `bytes` in MiB with one decimal ("177.5"), as plans and limits print them.
+std::string format_mib(int64_t bytes);
+
 // This process's resident set now, in bytes (/proc/self/statm); what peak_rss_mib() is the
 // maximum of.
 int64_t resident_bytes();
