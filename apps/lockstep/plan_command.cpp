@@ -93,13 +93,7 @@ Command add_plan_command(CLI::App& app) {
             }
             return 0;
           },
-          {{"PipelineOptions::stages", "--stages"},
-           {"PipelineOptions::split", "--split"},
-           {"PipelineOptions::micro_batches", "--micro-batches"},
-           {"FsdpOptions::min_params", "--fsdp-min-params"},
-           {"StrategyOptions::opt_level", "--opt-level"},
-           {"MemoryPlanOptions::world_size", "--world-size"},
-           {"TrainerOptions::checkpoint_activations", "--checkpoint-activations"}}};
+          train_wording({{"MemoryPlanOptions::world_size", "--world-size"}})};
 }
 
 }  // namespace lockstep::cli

@@ -299,14 +299,19 @@ Command add_train_command(CLI::App& app) {
             if (result.rank == 0) std::cout << result.profile << result.summary_json() << std::endl;
             return 0;
           },
-          {{"PipelineOptions::stages", "--stages"},
-           {"TrainerOptions::checkpoint_activations", "--checkpoint-activations"},
-           {"TrainOptions::ignore_memory_plan", "--ignore-memory-plan"},
-           {"PipelineOptions::split", "--split"},
-           {"PipelineOptions::micro_batches", "--micro-batches"},
-           {"FsdpOptions::min_params", "--fsdp-min-params"},
-           {"StrategyOptions::opt_level", "--opt-level"},
-           {"under a launcher", "under a launcher (lockstep run --nproc-per-node N -- lockstep train ...)"}}};
+          train_wording({{"TrainOptions::ignore_memory_plan", "--ignore-memory-plan"},
+                         {"under a launcher", "under a launcher (lockstep run --nproc-per-node N -- lockstep train ...)"}})};
+}
+
+Wording train_wording(Wording more) {
+  Wording w{{"PipelineOptions::stages", "--stages"},
+            {"PipelineOptions::split", "--split"},
+            {"PipelineOptions::micro_batches", "--micro-batches"},
+            {"FsdpOptions::min_params", "--fsdp-min-params"},
+            {"StrategyOptions::opt_level", "--opt-level"},
+            {"TrainerOptions::checkpoint_activations", "--checkpoint-activations"}};
+  w.insert(w.end(), more.begin(), more.end());
+  return w;
 }
 
 }  // namespace lockstep::cli

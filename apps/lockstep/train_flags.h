@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "commands.h"
 #include "lockstep/core/names.h"
 #include "lockstep/train/options.h"
 
@@ -32,5 +33,8 @@ void add_model_options(CLI::App* cmd, const std::shared_ptr<train::TrainOptions>
 
 // --data fortunes / text:FILE: tokenizer, task, batching and embedding options.
 void add_text_options(CLI::App* cmd, const std::shared_ptr<train::TrainOptions>& o);
+
+// The library's option names as these flags (see with_flag_names), and `more`.
+Wording train_wording(Wording more = {});
 
 }  // namespace lockstep::cli
