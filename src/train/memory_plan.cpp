@@ -90,7 +90,7 @@ struct Planner {
     if (eval_batch_size > 0) {  // the held-out split, evaluated after each epoch
       // See Note [Planning memory]: the heap keeps the step's freed blocks, which tensors of
       // another batch size cannot reuse.
-      const int64_t eval = std::llround(eval_scale * static_cast<double>(probe.eval.at(eval_batch_size)));
+      const int64_t eval = std::llround(eval_scale * static_cast<double>(probe.eval_bytes));
       m.evaluation = held + m.optimizer_state + (eval_batch_size == rows ? std::max(eval, m.activations) : eval + m.activations);
     }
     return m;
@@ -302,7 +302,7 @@ MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, con
   const int64_t replicas = o.resolved_strategy(p.world_size()) == parallel::StrategyKind::kPipeline
                                ? std::max<int64_t>(1, p.world_size() / pipeline_stages(o, p.world_size()))
                                : p.world_size();
-  const MemoryProbe probe = probe_memory(data, o, replicas, p.probe_rows());
+  const MemoryProbe probe = probe_memory(data, o, replicas, p.probe_rows(), data.test ? data.eval_batch_size : 0);
   if (process.baseline == 0) {
     // See Note [Planning memory]: the code and kernels the steps touched count; the heap the dry
     // run freed goes back first, so what remains is the process and its data.

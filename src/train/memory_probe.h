@@ -27,8 +27,9 @@ struct MemoryProbe {
   // and activations), and above parameters and masters during the first step (gradients,
   // activations and the optimizer's new state), by rows of the micro-batch.
   LinearBytes steady, first;
-  // Bytes a forward without grad (evaluation) reaches above everything the steps left, by rows.
-  LinearBytes eval;
+  // Bytes a forward without grad on eval_rows rows (evaluation) reaches above everything the steps
+  // left: in tensors or, when larger, in resident memory (see reset_resident_peak).
+  int64_t eval_bytes = 0;
   int64_t peak_rows = 0;  // rows of the epoch's largest batch (text: the most padded tokens)
   // Each block's share of the activations a forward leaves for backward (Note [Model blocks]).
   std::vector<double> block_shares;
@@ -37,7 +38,9 @@ struct MemoryProbe {
 // Dry-runs `o`'s model from `data` under the local strategy at `o`'s opt level, with activation
 // checkpointing when `o` asks for it, on probe_rows and 2 x probe_rows rows of the epoch's largest
 // batch for one of `replicas` data-parallel replicas.
-MemoryProbe probe_memory(const ReferenceData& data, const TrainOptions& o, int64_t replicas, int64_t probe_rows);
+// eval_rows: evaluation's batch (0: none).
+MemoryProbe probe_memory(const ReferenceData& data, const TrainOptions& o, int64_t replicas, int64_t probe_rows,
+                         int64_t eval_rows);
 
 // What the process measured of itself (see Note [Planning memory]), in bytes.
 struct ProcessMemory {
