@@ -238,7 +238,7 @@ MemoryPlan plan_from_probe(const TrainOptions& o, const MemoryPlanOptions& p, co
     m.data = process.data;
     m.steady += process.baseline + process.data;
     m.first_step += process.baseline + process.data;
-    m.evaluation += process.baseline + process.data;
+    if (m.evaluation > 0) m.evaluation += process.baseline + process.data;
     plan.ranks.push_back(m);
   }
   return plan;
@@ -302,7 +302,8 @@ MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, con
   const int64_t replicas = o.resolved_strategy(p.world_size()) == parallel::StrategyKind::kPipeline
                                ? std::max<int64_t>(1, p.world_size() / pipeline_stages(o, p.world_size()))
                                : p.world_size();
-  const MemoryProbe probe = probe_memory(data, o, replicas, p.probe_rows(), data.test ? data.eval_batch_size : 0);
+  const int64_t eval_rows = data.test && p.evaluation() ? data.eval_batch_size : 0;
+  const MemoryProbe probe = probe_memory(data, o, replicas, p.probe_rows(), eval_rows);
   if (process.baseline == 0) {
     // See Note [Planning memory]: the code and kernels the steps touched count; the heap the dry
     // run freed goes back first, so what remains is the process and its data.
@@ -310,7 +311,7 @@ MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, con
     process.baseline = std::max<int64_t>(0, resident_bytes() - process.data);
   }
   auto model = data.make_model(nullptr, /*initial_weights=*/false);
-  return plan_from_probe(o, p, probe, *model, process, data.test ? data.eval_batch_size : 0);
+  return plan_from_probe(o, p, probe, *model, process, eval_rows);
 }
 
 // See Note [Planning memory].

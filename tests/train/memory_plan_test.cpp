@@ -117,11 +117,13 @@ TEST(MemoryPlan, ActivationsFromASmallDryRunPredictACountedStepAtFourTimesTheRow
 // its weights, the plan holds fewer activation bytes (on mlp-wide, whose blocks' recompute costs
 // more than their inputs save, it does not).
 TEST(MemoryPlan, CheckpointingActivationsPlansFewerActivationBytesOnResnet18) {
-  train::TrainOptions o = synthetic_run("resnet18", parallel::StrategyKind::kLocal, 16);
-  const int64_t plain = train::plan_memory(o, {}).ranks.at(0).activations;
+  train::TrainOptions o = synthetic_run("resnet18", parallel::StrategyKind::kLocal, 8);
+  const auto steps_only = train::MemoryPlanOptions().evaluation(false).probe_rows(2);
+  const int64_t plain = train::plan_memory(o, steps_only).ranks.at(0).activations;
   o.trainer().checkpoint_activations(true);
-  const int64_t checkpointed = train::plan_memory(o, {}).ranks.at(0).activations;
-  EXPECT_LT(checkpointed, plain);
+  const train::RankMemory checkpointed = train::plan_memory(o, steps_only).ranks.at(0);
+  EXPECT_LT(checkpointed.activations, plain);
+  EXPECT_EQ(checkpointed.evaluation, 0);
 }
 
 // A refusal names the rank, the breakdown, the limit and where it came from, and what fits.

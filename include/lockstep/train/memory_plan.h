@@ -55,6 +55,9 @@ struct MemoryPlanOptions {
   // Rows of the dry run's two batches: probe_rows and twice as many (see Note [Activations by a
   // dry run]).
   TORCH_ARG(int64_t, probe_rows) = 4;
+  // Plan the evaluation after each epoch (one forward without grad at its batch size, run by the
+  // dry run); off: the plan's evaluation moment is 0.
+  TORCH_ARG(bool, evaluation) = true;
 
  public:
   // Throws c10::ValueError naming the first invalid value.
