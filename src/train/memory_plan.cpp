@@ -303,7 +303,10 @@ MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, con
                                ? std::max<int64_t>(1, p.world_size() / pipeline_stages(o, p.world_size()))
                                : p.world_size();
   const int64_t eval_rows = data.test && p.evaluation() ? data.eval_batch_size : 0;
-  const MemoryProbe probe = probe_memory(data, o, replicas, p.probe_rows(), eval_rows);
+  // Evaluation runs the model plainly under any strategy and checkpointing: measured once.
+  MemoryProbe probe = probe_memory(data, o, replicas, p.probe_rows(), process.eval < 0 ? eval_rows : 0);
+  if (process.eval < 0) process.eval = probe.eval_bytes;
+  probe.eval_bytes = process.eval;
   if (process.baseline == 0) {
     // See Note [Planning memory]: the code and kernels the steps touched count; the heap the dry
     // run freed goes back first, so what remains is the process and its data.

@@ -46,6 +46,7 @@ MemoryProbe probe_memory(const ReferenceData& data, const TrainOptions& o, int64
 struct ProcessMemory {
   int64_t data = 0;      // resident growth while the data was built
   int64_t baseline = 0;  // resident after the first dry run, less `data`; 0: not measured yet
+  int64_t eval = -1;     // MemoryProbe::eval_bytes of the first dry run; -1: not measured yet
 };
 
 // One small forward and backward through a convolution and a linear layer, so that LibTorch,
