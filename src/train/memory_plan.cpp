@@ -191,6 +191,26 @@ struct Planner {
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
 
+// The dry run draws from the CPU generator (models' initialisation, dropout): the run it plans must
+// draw what it would have drawn without it, so that the check at launch changes no result.
+class GeneratorStateGuard {
+ public:
+  GeneratorStateGuard() : generator_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    state_ = generator_.get_state();
+  }
+  ~GeneratorStateGuard() {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(state_);
+  }
+  GeneratorStateGuard(const GeneratorStateGuard&) = delete;
+  GeneratorStateGuard& operator=(const GeneratorStateGuard&) = delete;
+
+ private:
+  at::Generator generator_;
+  at::Tensor state_;
+};
+
 // The strategies a refused run could take instead: on one rank, only local (with activation
 // checkpointing); on several, those that train at its opt level (zero1, zero2 and fsdp at O0 and
 // O1; the pipeline at O0, with at least as many blocks as ranks), and its own with checkpointing.
@@ -289,9 +309,10 @@ std::string MemoryPlan::table() const {
 }
 
 int64_t warm_up() {
-  torch::Tensor x = torch::randn({2, 3, 16, 16}, torch::requires_grad());
-  torch::Tensor w = torch::randn({4, 3, 3, 3}, torch::requires_grad());
-  torch::Tensor l = torch::randn({4 * 14 * 14, 10}, torch::requires_grad());
+  // No random numbers: the CPU generator is the run's (see GeneratorStateGuard).
+  torch::Tensor x = torch::linspace(-1, 1, 2 * 3 * 16 * 16).view({2, 3, 16, 16}).requires_grad_();
+  torch::Tensor w = torch::linspace(-1, 1, 4 * 3 * 3 * 3).view({4, 3, 3, 3}).requires_grad_();
+  torch::Tensor l = torch::linspace(-1, 1, 4 * 14 * 14 * 10).view({4 * 14 * 14, 10}).requires_grad_();
   torch::conv2d(x, w).relu().flatten(1).mm(l).sum().backward();
   return resident_bytes();
 }
@@ -299,6 +320,7 @@ int64_t warm_up() {
 MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
                           ProcessMemory& process) {
   p.validate();
+  const GeneratorStateGuard generator;
   const int64_t replicas = o.resolved_strategy(p.world_size()) == parallel::StrategyKind::kPipeline
                                ? std::max<int64_t>(1, p.world_size() / pipeline_stages(o, p.world_size()))
                                : p.world_size();

@@ -88,6 +88,19 @@ TEST(MemoryGuard, TrainIsRefusedBelowThePlannedPeakAndTrainsAboveIt) {
   EXPECT_THAT(trained.output, HasSubstr("\"final_loss\""));
 }
 
+// The check's dry run draws from the CPU generator; the run must not see it.
+TEST(MemoryGuard, TheCheckAtLaunchChangesNoResult) {
+  const auto checked = run_command(kCli + " train" + kRun);
+  const auto unchecked = run_command(kCli + " train" + kRun + " --ignore-memory-plan");
+  ASSERT_EQ(checked.exit_code, 0) << checked.output;
+  ASSERT_EQ(unchecked.exit_code, 0) << unchecked.output;
+  const auto last_line = [](const std::string& out) {
+    return nlohmann::json::parse(out.substr(out.rfind('{')));
+  };
+  EXPECT_EQ(last_line(checked.output)["final_loss"], last_line(unchecked.output)["final_loss"]);
+  EXPECT_EQ(last_line(checked.output)["test_acc"], last_line(unchecked.output)["test_acc"]);
+}
+
 TEST(MemoryGuard, PlanHelpListsTheRunsShapeAndBadValuesAreNamed) {
   const auto help = run_command(kCli + " plan --help");
   ASSERT_EQ(help.exit_code, 0) << help.output;
