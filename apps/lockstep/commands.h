@@ -33,6 +33,7 @@ Command add_predict_command(CLI::App& app);
 Command add_tokenize_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
 Command add_report_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);
 // `argv0` and `command_line`: how this process was started, for the results' record.
 Command add_bench_command(CLI::App& app, const std::string& argv0, const std::string& command_line);
 

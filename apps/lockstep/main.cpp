@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
   const Command run = add_run_command(app, tail);
   const std::vector<Command> commands{run, add_train_command(app), add_export_command(app),
                                       add_predict_command(app), add_tokenize_command(app), add_serve_command(app),
-                                      add_report_command(app), add_bench_command(app, argv[0], command_line)};
+                                      add_report_command(app), add_plan_command(app),
+                                      add_bench_command(app, argv[0], command_line)};
 
   try {
     app.parse(args);

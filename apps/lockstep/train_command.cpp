@@ -7,6 +7,7 @@
 #include "checks.h"
 #include "commands.h"
 #include "config_files.h"
+#include "train_flags.h"
 #include "lockstep/core/names.h"
 #include "lockstep/core/process.h"
 #include "lockstep/models/zoo.h"
@@ -35,28 +36,6 @@ void parse_injection(const std::string& text, train::TrainOptions& o) {
   TORCH_CHECK_VALUE(ok, "--inject-nan '", text, "' is not STEP or STEP@RANK (e.g. 5@1)");
 }
 
-// An option whose values are an enum's names (its one list, see core/names.h); `set` gets the enum.
-template <typename Enum, typename Set>
-CLI::Option* add_enum_option(CLI::App* cmd, const std::string& flag, const std::vector<std::string>& names, Set set,
-                             const std::string& help, const std::string& default_name) {
-  return cmd
-      ->add_option_function<std::string>(
-          flag, [names, set](const std::string& v) { set(enum_from_name<Enum>(names, v, "value")); },
-          help)
-      ->check(CLI::IsMember(names))
-      ->default_str(default_name);
-}
-
-// "text:FILE" or one of data_source_names() but "text".
-void parse_data(const std::string& text, train::TrainOptions& o) {
-  if (text.rfind("text:", 0) == 0) {
-    o.data(train::DataSource::kText).text_file(text.substr(5));
-    return;
-  }
-  TORCH_CHECK_VALUE(text != "text", "--data text needs a file: --data text:FILE");
-  o.data(enum_from_name<train::DataSource>(train::data_source_names(), text, "--data"));
-}
-
 // --data imagefolder / csv, and the background loader.
 void add_file_data_options(CLI::App* cmd, const std::shared_ptr<train::TrainOptions>& o) {
   auto* files = "Your data (--data imagefolder|csv; docs/data.md)";
@@ -81,6 +60,42 @@ void add_file_data_options(CLI::App* cmd, const std::shared_ptr<train::TrainOpti
       ->check(cli::non_negative_count())->capture_default_str()->group(files);
   cmd->add_option("--prefetch", o->trainer().loader().prefetch(), "Batches each worker builds ahead of the step")
       ->check(cli::positive_count())->capture_default_str()->group(files);
+}
+
+}  // namespace
+
+// --model, --model-file and --data.
+void add_model_options(CLI::App* cmd, const std::shared_ptr<train::TrainOptions>& o) {
+  std::vector<std::string> models = models::model_names();
+  for (const auto& name : models::text_model_names()) models.push_back(name);
+  auto* model = cmd->add_option("--model", o->model(), "Reference model: " + c10::Join(", ", models))
+                    ->check(CLI::IsMember(models));
+  cmd->add_option("--model-file", o->model_file(),
+                  "Train a TorchScript module saved in Python (torch.jit.save of torch.jit.script or trace) on the "
+                  "images of --data")
+      ->excludes(model);
+  cmd->add_option_function<std::string>("--data",
+      [o](const std::string& v) {
+        try {
+          parse_data(v, *o);
+        } catch (const c10::ValueError& e) {  // during parsing: a usage error, as CLI11's own
+          throw CLI::ValidationError(e.what_without_backtrace());
+        }
+      },
+                                        "Dataset: fashion-mnist, synthetic (seeded random images), fortunes "
+                                        "(/usr/share/games/fortunes), text:FILE (one entry per line, or '%' "
+                                        "separators), imagefolder (--data-dir) or csv (--data-file)")
+      ->default_str("fashion-mnist");
+}
+
+// "text:FILE" or one of data_source_names() but "text".
+void parse_data(const std::string& text, train::TrainOptions& o) {
+  if (text.rfind("text:", 0) == 0) {
+    o.data(train::DataSource::kText).text_file(text.substr(5));
+    return;
+  }
+  TORCH_CHECK_VALUE(text != "text", "--data text needs a file: --data text:FILE");
+  o.data(enum_from_name<train::DataSource>(train::data_source_names(), text, "--data"));
 }
 
 // --data fortunes / text:FILE: tokenizer, task, batching and embedding options.
@@ -114,7 +129,6 @@ void add_text_options(CLI::App* cmd, const std::shared_ptr<train::TrainOptions>&
   cmd->add_option("--n-embd", o->n_embd(), "gpt-mini: model width")->check(cli::positive_count())->group(text);
 }
 
-}  // namespace
 
 Command add_train_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train a reference model or a TorchScript file; prints one JSON summary line last");
@@ -128,26 +142,7 @@ Command add_train_command(CLI::App& app) {
   train::LrScheduleOptions& schedule = o->lr_schedule();
   auto quiet = std::make_shared<bool>(false);
 
-  std::vector<std::string> models = models::model_names();
-  for (const auto& name : models::text_model_names()) models.push_back(name);
-  auto* model = cmd->add_option("--model", o->model(), "Reference model: " + c10::Join(", ", models))
-                    ->check(CLI::IsMember(models));
-  cmd->add_option("--model-file", o->model_file(),
-                  "Train a TorchScript module saved in Python (torch.jit.save of torch.jit.script or trace) on the "
-                  "images of --data")
-      ->excludes(model);
-  cmd->add_option_function<std::string>("--data",
-      [o](const std::string& v) {
-        try {
-          parse_data(v, *o);
-        } catch (const c10::ValueError& e) {  // during parsing: a usage error, as CLI11's own
-          throw CLI::ValidationError(e.what_without_backtrace());
-        }
-      },
-                                        "Dataset: fashion-mnist, synthetic (seeded random images), fortunes "
-                                        "(/usr/share/games/fortunes), text:FILE (one entry per line, or '%' "
-                                        "separators), imagefolder (--data-dir) or csv (--data-file)")
-      ->default_str("fashion-mnist");
+  add_model_options(cmd, o);
   add_enum_option<parallel::StrategyKind>(cmd, "--strategy", parallel::strategy_names(), [o](auto v) { o->trainer().strategy(v); },
                                           "How ranks hold and step the model", "ddp under a launcher, else local");
   cmd->add_option("--replicas", so.replicas(),
@@ -231,6 +226,9 @@ Command add_train_command(CLI::App& app) {
       ->group(mp);
   cmd->add_flag("--report-memory", t.report_memory(), "Every rank prints its parameter, gradient and optimizer bytes")
       ->group(mp);
+  cmd->add_flag("--ignore-memory-plan", o->ignore_memory_plan(),
+                "Train even when the memory plan (lockstep plan) predicts a peak above the memory a rank may use")
+      ->group(mp);
 
   auto* pipe = "Pipeline (--strategy pipeline)";
   cmd->add_option("--stages", pipeline.stages(), "Pipeline stages, one per rank (default: the world size)")
@@ -305,12 +303,19 @@ Command add_train_command(CLI::App& app) {
             if (result.rank == 0) std::cout << result.profile << result.summary_json() << std::endl;
             return 0;
           },
-          {{"PipelineOptions::stages", "--stages"},
-           {"PipelineOptions::split", "--split"},
-           {"PipelineOptions::micro_batches", "--micro-batches"},
-           {"FsdpOptions::min_params", "--fsdp-min-params"},
-           {"StrategyOptions::opt_level", "--opt-level"},
-           {"under a launcher", "under a launcher (lockstep run --nproc-per-node N -- lockstep train ...)"}}};
+          train_wording({{"TrainOptions::ignore_memory_plan", "--ignore-memory-plan"},
+                         {"under a launcher", "under a launcher (lockstep run --nproc-per-node N -- lockstep train ...)"}})};
+}
+
+Wording train_wording(Wording more) {
+  Wording w{{"PipelineOptions::stages", "--stages"},
+            {"PipelineOptions::split", "--split"},
+            {"PipelineOptions::micro_batches", "--micro-batches"},
+            {"FsdpOptions::min_params", "--fsdp-min-params"},
+            {"StrategyOptions::opt_level", "--opt-level"},
+            {"TrainerOptions::checkpoint_activations", "--checkpoint-activations"}};
+  w.insert(w.end(), more.begin(), more.end());
+  return w;
 }
 
 }  // namespace lockstep::cli

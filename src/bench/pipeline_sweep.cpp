@@ -51,7 +51,8 @@ PipelineSweepRow run_row(const BenchOptions& o, const SweepRowSpec& spec) {
   const std::vector<std::string> train{o.lockstep(), "train", "--quiet", "--model", o.model(), "--data", o.data(),
                                        "--limit", std::to_string(o.limit()), "--epochs", std::to_string(o.epochs()),
                                        "--batch-size", std::to_string(o.global_batch()), "--lr", std::to_string(o.lr()),
-                                       "--threads", "1", "--profile", "--report-memory"};
+                                       "--threads", "1", "--profile", "--report-memory",
+                                       "--ignore-memory-plan"};  // as lockstep bench's rows (runner.cpp)
   argv.insert(argv.end(), train.begin(), train.end());
   argv.insert(argv.end(), spec.args.begin(), spec.args.end());
   const std::string log = o.out() + "/logs/" + spec.key + ".log";

@@ -40,7 +40,10 @@ log::BenchRow lockstep_row(const BenchOptions& o, const BenchConfig& c, const st
   std::vector<std::string> train{o.lockstep(), "train", "--quiet", "--model", o.model(), "--data", o.data(),
                                  "--limit", std::to_string(o.limit()), "--epochs", std::to_string(o.epochs()),
                                  "--batch-size", std::to_string(batch), "--accum-steps", std::to_string(c.accum_steps),
-                                 "--lr", std::to_string(o.lr()), "--threads", std::to_string(c.threads)};
+                                 "--lr", std::to_string(o.lr()), "--threads", std::to_string(c.threads),
+                                 // The check's dry run holds a whole local replica for a moment,
+                                 // which would set a sharded row's peak RSS (docs/memory-plan.md).
+                                 "--ignore-memory-plan"};
   if (std::count(c.args.begin(), c.args.end(), "--data") > 0) train.erase(train.begin() + 5, train.begin() + 7);
   // The run's JSONL log: its settings as it resolved them (bench_advice pairs rows by them).
   const std::string jsonl = std::filesystem::path(log_path).replace_extension(".jsonl").string();

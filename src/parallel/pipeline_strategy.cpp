@@ -32,7 +32,9 @@ int64_t header_tag(int64_t i) { return 3 * i; }
 int64_t activation_tag(int64_t i) { return 3 * i + 1; }
 int64_t gradient_tag(int64_t i) { return 3 * i + 2; }
 
-// Stage s runs blocks [v[s], v[s+1]): from options.split(), or balanced by parameter count.
+}  // namespace
+
+// See the declaration (pipeline_placement.h).
 std::vector<int64_t> stage_boundaries(const std::vector<models::Block>& blocks, const PipelineOptions& o,
                                       int64_t stages) {
   const int64_t n = static_cast<int64_t>(blocks.size());
@@ -62,7 +64,6 @@ std::vector<int64_t> stage_boundaries(const std::vector<models::Block>& blocks, 
   return boundaries;
 }
 
-}  // namespace
 
 // One pipeline micro-batch between its forward and its backward on this stage.
 struct PipelineStrategy::InFlight {

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -15,6 +16,7 @@
 #include "lockstep/core/world.h"
 #include "lockstep/models/torchscript_module.h"
 #include "lockstep/train/trainer.h"
+#include "memory_probe.h"
 #include "reference_data.h"
 
 namespace lockstep::train {
@@ -51,7 +53,17 @@ TrainResult train(const TrainOptions& o) {
         std::chrono::milliseconds(static_cast<int64_t>(std::llround(o.timeout() * 1000.0)))));
   if (group && group->rank() == 0) report(o.trainer().reporter(), ReportKind::kInfo, "process group: " + group->describe());
 
+  // See Note [Planning memory]: what the process holds before the data, and the data's share.
+  const bool plan = !o.ignore_memory_plan() && !o.sync_bn();  // the dry run has no group to sync over
+  const int64_t before_data = plan ? warm_up() : 0;
   ReferenceData data = o.text() ? make_text_data(o) : make_image_data(o);
+  if (plan) {
+    ProcessMemory process;
+    process.data = std::max<int64_t>(0, resident_bytes() - before_data);
+    const int64_t local_ranks = std::max<int64_t>(1, env_int("LOCAL_WORLD_SIZE").value_or(1));
+    check_memory_plan(o, MemoryPlanOptions().world_size(world.world_size).local_ranks(local_ranks), data, process,
+                      available_memory(MemoryLimitOptions().local_ranks(local_ranks)));
+  }
   // The weights are final before the strategy converts, broadcasts or shards them.
   auto model = data.make_model(group.get(), /*initial_weights=*/true);
   auto strategy_options = o.strategy_options(group.get());

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lockstep/dist/process_group.h"
+#include "lockstep/models/classifier.h"
 #include "lockstep/parallel/flat_parameters.h"
 #include "lockstep/parallel/shard_reducer.h"
 
@@ -72,5 +73,27 @@ class FsdpUnit {
   std::unique_ptr<ShardReducer> reducer_;
   bool gathered_ = true;
 };
+
+// A unit to build: its name ("layer1.0", or "layer1.0+layer1.1" when blocks are joined), its
+// blocks and its trainable parameters in layout order (Note [Frozen parameters]: the frozen ones
+// stay whole outside the unit's flat buffer).
+struct UnitPlan {
+  std::string name;
+  std::vector<std::string> blocks;
+  std::vector<IndexedParameter> params;
+};
+
+// The fsdp strategy's units of `module` (FsdpOptions::min_params): consecutive blocks joined until
+// they hold min_params parameters; a short tail joins the unit before it. Every parameter must be
+// in a block, and the units must list them in the model's order (the per-parameter layout of saved
+// optimizer state). Only trainable parameters count and are planned; a plan left without any
+// builds no unit, and its blocks run as they are, with nothing to gather. A parameter that several
+// blocks use (gpt-mini's tied embedding: its first block and its last) keeps the unit of its first
+// use open through its last, so one unit holds it and every use sees it gathered, as PyTorch's
+// FSDP puts a shared parameter in the smallest wrapper around all its users. Also what a memory
+// plan lays out (train/memory_plan.h). Throws c10::ValueError naming `rank` and the parameter when
+// the blocks do not hold every parameter once, in order.
+std::vector<UnitPlan> plan_units(torch::nn::Module& module, const std::vector<models::Block>& blocks,
+                                 int64_t min_params, int64_t rank);
 
 }  // namespace lockstep::parallel

@@ -8,6 +8,7 @@
 
 #include "lockstep/dist/process_group.h"
 #include "lockstep/models/classifier.h"
+#include "lockstep/parallel/pipeline_schedule.h"
 
 namespace lockstep::parallel {
 
@@ -86,5 +87,12 @@ class TiedGradients {
   };
   std::vector<Tie> ties_;
 };
+
+// Stage s of `stages` runs blocks [v[s], v[s+1]) of `blocks`: o.split()'s counts, or balanced by
+// parameter count (balanced_split) when it is empty. The pipeline strategy's cut, and what a
+// memory plan lays out (train/memory_plan.h). Throws c10::ValueError naming the counts when they
+// do not cover the blocks, one or more per stage.
+std::vector<int64_t> stage_boundaries(const std::vector<models::Block>& blocks, const PipelineOptions& o,
+                                      int64_t stages);
 
 }  // namespace lockstep::parallel

@@ -98,6 +98,10 @@ struct TrainOptions {
   // by trainer().scale_lr().
   TORCH_ARG(LrScheduleOptions, lr_schedule) = LrScheduleOptions(0.0);
 
+  // Train even when the memory plan predicts a peak above the memory a rank may use (see
+  // train/memory_plan.h; train() checks it at start, before the strategy is built).
+  TORCH_ARG(bool, ignore_memory_plan) = false;
+
   // The run: epochs, batch size per process, seed (model init and data order), accumulation,
   // the strategy and its options (clipping, pipeline, fsdp, dp's replicas), checkpoints, logs,
   // profiler, progress (on stdout), reports.

@@ -1,0 +1,114 @@
+#pragma once
+// Know before launch: each rank's peak memory under a strategy, precision and batch size, and
+// whether it fits the memory the rank may use (`lockstep plan`, and the check `lockstep train`
+// makes at start).
+
+#include <nlohmann/json.hpp>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lockstep/train/memory_limit.h"
+#include "lockstep/train/options.h"
+
+namespace lockstep::train {
+
+// Note [Planning memory]
+// A rank's peak resident memory is planned as the sum of what it holds, each term from what
+// decides it rather than from a figure recorded elsewhere:
+//   baseline     the process before training: LibTorch's and oneDNN's code and tables, the
+//                allocator's arenas, the autograd engine's and OpenMP's threads. Measured in
+//                the planning process itself (its resident set after a warm-up forward and
+//                backward), which runs the same binary and libraries as the rank will.
+//   data         what the data source holds in memory (the whole Fashion-MNIST or synthetic
+//                split, the tokenised corpus): the resident growth while the planning process
+//                builds the data exactly as `lockstep train` does.
+//   parameters, gradients, optimizer state, fp32 masters
+//                the strategy's layout, by the strategy's own arithmetic: replicas (local,
+//                ddp), the flat N x S buffer and its shards (zero1, zero2; Note [Flat
+//                parameters and shards]), the units' shards plus the largest gathered unit
+//                (fsdp), the stage's parameters (pipeline). The optimizer's state is measured by
+//                stepping the run's optimizer once over tensors of the rank's shapes. These equal
+//                what Strategy::memory() reports.
+//   activations  see Note [Activations by a dry run].
+//   buffers      communication buffers outside those: ddp's gradient buckets (a copy of the
+//                gradients, PyTorch's layout); for zero1, zero2 and fsdp the collectives' own
+//                tensors (a reduce-scatter's received chunks and its sum, Gloo's flat output of
+//                the parameters' all-gather) and stage 2's and fsdp's bucket staging.
+// The peak is the largest of three moments: the first step, when the optimizer's state is created
+// after backward (DeepSpeed users meet this as a spike at the first step); a steady step, when the
+// state exists and activations and gradients peak together at the end of backward; and the
+// evaluation after an epoch, a forward without grad on eval_batch_size rows (200 for images, twice
+// a small training batch) while the gradients and the state are still held.
+// Resident memory is not live memory: train() keeps freed blocks in the heap (Note [Keeping freed
+// memory for the next step]), and blocks freed by the step cannot serve the evaluation's tensors of
+// another batch size, nor the collectives' tensors of other sizes. So the terms add: a rank's
+// resident peak is the step's high water plus the evaluation's plus the collectives', not their
+// maximum.
+
+// How a plan is made.
+struct MemoryPlanOptions {
+  TORCH_ARG(int64_t, world_size) = 1;
+  TORCH_ARG(int64_t, local_ranks) = 0;  // ranks on one host (they share its memory); 0: world_size
+  // Rows of the dry run's two batches: probe_rows and twice as many (see Note [Activations by a
+  // dry run]).
+  TORCH_ARG(int64_t, probe_rows) = 4;
+  // Plan the evaluation after each epoch (one forward without grad at its batch size, run by the
+  // dry run); off: the plan's evaluation moment is 0.
+  TORCH_ARG(bool, evaluation) = true;
+
+ public:
+  // Throws c10::ValueError naming the first invalid value.
+  void validate() const;
+};
+
+// One rank's planned bytes.
+struct RankMemory {
+  int64_t rank = 0;
+  int64_t stage = -1;  // the pipeline's stage; -1 otherwise
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_state = 0;  // without the fp32 masters
+  int64_t masters = 0;          // fp32 master weights (O2), 0 otherwise
+  int64_t activations = 0;      // at the steady step's peak
+  int64_t buffers = 0;          // communication buckets and staging
+  int64_t baseline = 0;
+  int64_t data = 0;
+  int64_t first_step = 0;  // the peak of the first step
+  int64_t steady = 0;      // the peak of a later step
+  int64_t evaluation = 0;  // the peak of evaluating the held-out split after an epoch
+
+  int64_t peak() const;
+  // "first step", "steady state" or "evaluation": when peak() happens.
+  std::string peak_moment() const;
+};
+
+struct MemoryPlan {
+  std::string strategy;
+  std::string opt_level;
+  int64_t world_size = 1;
+  int64_t batch_size = 0;  // per rank and micro-batch
+  bool checkpoint_activations = false;
+  std::vector<RankMemory> ranks;
+
+  // The rank with the largest peak (the first of equals).
+  const RankMemory& largest() const;
+  nlohmann::ordered_json to_json() const;
+  // One line per rank, MiB: "rank 0: parameters 0.11, gradients 0.11, ... peak 245.3 (steady state)".
+  std::string table() const;
+};
+
+// The plan for the run `o` describes, on `p.world_size()` ranks: builds the data and a model as
+// `lockstep train` would, and dry-runs it (Note [Activations by a dry run]). Throws
+// c10::ValueError as train() would for options that cannot train.
+MemoryPlan plan_memory(const TrainOptions& o, const MemoryPlanOptions& p);
+
+// What a refused run reads: why the plan does not fit `limit`, its largest rank's breakdown, and
+// the cheapest alternatives that fit (another strategy, activation checkpointing), as planned by
+// `alternatives`. Empty when the plan fits.
+std::string memory_plan_refusal(const MemoryPlan& plan, const MemoryLimit& limit,
+                                const std::vector<MemoryPlan>& alternatives);
+
+}  // namespace lockstep::train

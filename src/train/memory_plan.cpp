@@ -1,0 +1,403 @@
+#include "lockstep/train/memory_plan.h"
+
+#include <c10/util/StringUtil.h>
+#include <malloc.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "lockstep/core/heap.h"
+#include "lockstep/core/process.h"
+#include "lockstep/optim/state_dict.h"
+#include "lockstep/parallel/flat_parameters.h"
+#include "lockstep/parallel/fsdp_unit.h"
+#include "lockstep/parallel/pipeline_placement.h"
+#include "memory_probe.h"
+#include "reference_data.h"
+
+namespace lockstep::train {
+namespace {
+
+// zero2's and fsdp's reduce-scatter buckets (ZeroOptions::bucket_cap_mb, fsdp's kBucketCapBytes).
+constexpr int64_t kShardBucketCapBytes = 25 * 1024 * 1024;
+
+int64_t shard_numel(int64_t numel, int64_t world) { return (numel + world - 1) / world; }
+
+// The pipeline's stages, as PipelineStrategy counts them.
+int64_t pipeline_stages(const TrainOptions& o, int64_t world) {
+  const parallel::PipelineOptions& p = o.trainer().strategy_options().pipeline();
+  return p.stages() > 0 ? p.stages() : !p.split().empty() ? static_cast<int64_t>(p.split().size()) : world;
+}
+
+// The optimizer's state over tensors of `shapes` after one step: the run's optimizer, stepped once
+// on zero gradients (every built-in optimizer makes its state at the first step).
+int64_t optimizer_bytes(const parallel::OptimizerFactory& make, const std::vector<std::vector<int64_t>>& shapes) {
+  if (shapes.empty()) return 0;
+  std::vector<torch::Tensor> params;
+  for (const auto& shape : shapes) {
+    torch::Tensor p = torch::zeros(shape).requires_grad_();
+    p.mutable_grad() = torch::zeros(shape);
+    params.push_back(p);
+  }
+  auto optimizer = make(params);
+  optimizer->step();
+  return optim::optimizer_state_bytes(*optimizer);
+}
+
+// What a plan's ranks share: the probe, the model's layout and the strategy's settings.
+struct Planner {
+  const TrainOptions& o;
+  parallel::StrategyKind kind;
+  int64_t world;
+  const MemoryProbe& probe;
+  models::Classifier& model;  // fp32, freshly built: the layout the strategies flatten
+  parallel::OptimizerFactory make_optimizer;
+  int64_t eval_batch_size;
+
+  // Every rank's bytes but the baseline and the data.
+  RankMemory rank(int64_t r) const {
+    RankMemory m;
+    m.rank = r;
+    int64_t rows = probe.peak_rows;
+    double activation_scale = 1.0, eval_scale = 1.0;
+    int64_t grads_in_buffers = 0;  // gradients that are views of the buffers (ddp's buckets)
+    switch (kind) {
+      case parallel::StrategyKind::kLocal:
+      case parallel::StrategyKind::kDdp:
+      case parallel::StrategyKind::kDp:
+        replicated(m, &grads_in_buffers);
+        break;
+      case parallel::StrategyKind::kZero1:
+      case parallel::StrategyKind::kZero2:
+        zero(m);
+        break;
+      case parallel::StrategyKind::kFsdp:
+        fsdp(m, r);
+        break;
+      case parallel::StrategyKind::kPipeline:
+        pipeline(m, r, &rows, &activation_scale);
+        eval_scale = activation_scale / static_cast<double>(std::min(o.trainer().strategy_options().pipeline().micro_batches(), probe.peak_rows));
+        break;
+    }
+    const int64_t grads_local = probe.local.grad_bytes, optim_local = probe.local.optim_bytes - probe.masters;
+    m.activations = std::llround(activation_scale * static_cast<double>(std::max<int64_t>(0, probe.steady.at(rows) - grads_local)));
+    const int64_t held = m.parameters + m.masters + m.buffers + m.gradients - grads_in_buffers;
+    m.steady = held + m.optimizer_state + m.activations;
+    const int64_t first_extra = std::llround(
+        activation_scale * static_cast<double>(std::max<int64_t>(0, probe.first.at(rows) - grads_local - optim_local)));
+    m.first_step = held + m.optimizer_state + first_extra;
+    if (eval_batch_size > 0) {  // the held-out split, evaluated after each epoch
+      // See Note [Planning memory]: the heap keeps the step's freed blocks, which tensors of
+      // another batch size cannot reuse.
+      const int64_t eval = std::llround(eval_scale * static_cast<double>(probe.eval_bytes));
+      m.evaluation = held + m.optimizer_state + (eval_batch_size == rows ? std::max(eval, m.activations) : eval + m.activations);
+    }
+    return m;
+  }
+
+  std::vector<std::vector<int64_t>> trainable_shapes() const {
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& p : parallel::trainable_parameters(model)) shapes.push_back(p.tensor.sizes().vec());
+    return shapes;
+  }
+  int64_t trainable_numel() const {
+    int64_t n = 0;
+    for (const auto& p : parallel::trainable_parameters(model)) n += p.tensor.numel();
+    return n;
+  }
+
+  // local, ddp and dp: whole replicas, as the dry run measured them; ddp's buckets hold a copy of
+  // the model's gradients, which become views of it (Note [Gradients as bucket views]).
+  void replicated(RankMemory& m, int64_t* grads_in_buffers) const {
+    m.masters = probe.masters;
+    m.parameters = probe.local.param_bytes;
+    m.gradients = probe.local.grad_bytes;
+    m.optimizer_state = optimizer_bytes(make_optimizer, trainable_shapes());
+    if (kind == parallel::StrategyKind::kDdp) {
+      m.buffers = probe.local.param_bytes - parallel::frozen_parameter_bytes(model);
+      *grads_in_buffers = m.buffers;
+    }
+  }
+
+  // See Note [Flat parameters and shards]: the flat N x S buffer on every rank, the optimizer over
+  // this rank's S; stage 1 keeps the whole flat gradient, stage 2 its shard and one bucket's
+  // staging at a time.
+  void zero(RankMemory& m) const {
+    const int64_t s = shard_numel(trainable_numel(), world);
+    m.parameters = s * world * 4 + parallel::frozen_parameter_bytes(model);
+    const bool stage1 = kind == parallel::StrategyKind::kZero1;
+    m.gradients = (stage1 ? s * world : s) * 4;
+    m.optimizer_state = optimizer_bytes(make_optimizer, {{s}});
+    // The collectives' own tensors (dist::ProcessGroup): reduce_scatter receives every rank's chunk
+    // of its input and sums them into a shard-sized tensor; Gloo's all-gather of the parameters
+    // fills a flat N x S output before copying it out. Stage 2 also stages one bucket at a time.
+    const int64_t bucket = stage1 ? s * world * 4 : std::min(s * world * 4, kShardBucketCapBytes);
+    m.buffers = (stage1 ? 0 : bucket) + bucket + bucket / world + s * world * 4;
+  }
+
+  // See Note [FSDP units]: each unit's shard, the largest unit gathered, the optimizer over the
+  // shards; with reshard_after_forward off, every unit stays gathered through backward.
+  void fsdp(RankMemory& m, int64_t r) const {
+    const auto plans = parallel::plan_units(model, model.blocks(), o.trainer().strategy_options().fsdp().min_params(), r);
+    std::vector<std::vector<int64_t>> shards;
+    int64_t largest = 0, gathered = 0;
+    for (const auto& plan : plans) {
+      if (plan.params.empty()) continue;
+      int64_t n = 0;
+      for (const auto& p : plan.params) n += p.tensor.numel();
+      const int64_t s = shard_numel(n, world);
+      shards.push_back({s});
+      m.parameters += s * 4;
+      m.gradients += s * 4;
+      largest = std::max(largest, s * world * 4);
+      gathered += s * world * 4;
+    }
+    m.parameters += largest + parallel::frozen_parameter_bytes(model);
+    m.optimizer_state = optimizer_bytes(make_optimizer, shards);
+    // A bucket's staging and what reduce_scatter receives for it, and Gloo's flat output of the
+    // largest unit's all-gather (see zero()).
+    const int64_t bucket = std::min(largest, kShardBucketCapBytes);
+    m.buffers = 2 * bucket + bucket / world + largest;
+    if (!o.trainer().strategy_options().fsdp().reshard_after_forward()) m.buffers += gathered - largest;
+  }
+
+  // A stage's parameters and their gradients; its activations are its blocks' share of a
+  // micro-batch's, times the micro-batches in flight (GPipe: all; 1F1B: at most the stages after
+  // it, itself included).
+  void pipeline(RankMemory& m, int64_t r, int64_t* rows, double* activation_scale) const {
+    const parallel::PipelineOptions& p = o.trainer().strategy_options().pipeline();
+    const int64_t stages = pipeline_stages(o, world);
+    const int64_t stage = r % stages;
+    const auto blocks = model.blocks();
+    const auto bounds = parallel::stage_boundaries(blocks, p, stages);
+    const auto placement = parallel::place_parameters(blocks, bounds, model.parameters());
+    std::vector<std::vector<int64_t>> shapes;
+    for (const torch::Tensor& t : parallel::stage_parameters(placement, stage).all()) {
+      m.parameters += parallel::tensor_bytes(t);
+      shapes.push_back(t.sizes().vec());
+    }
+    m.gradients = m.parameters;
+    m.optimizer_state = optimizer_bytes(make_optimizer, shapes);
+    m.stage = stage;
+    const int64_t micro = std::min(p.micro_batches(), probe.peak_rows);
+    *rows = (probe.peak_rows + micro - 1) / micro;
+    double share = 0.0;
+    for (int64_t b = bounds[stage]; b < bounds[stage + 1]; ++b) share += probe.block_shares[b];
+    const int64_t in_flight = p.schedule() == parallel::PipelineSchedule::k1F1B ? std::min(micro, stages - stage) : micro;
+    *activation_scale = share * static_cast<double>(in_flight);
+  }
+};
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
+
+// The dry run draws from the CPU generator (models' initialisation, dropout): the run it plans must
+// draw what it would have drawn without it, so that the check at launch changes no result.
+class GeneratorStateGuard {
+ public:
+  GeneratorStateGuard() : generator_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    state_ = generator_.get_state();
+  }
+  ~GeneratorStateGuard() {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(state_);
+  }
+  GeneratorStateGuard(const GeneratorStateGuard&) = delete;
+  GeneratorStateGuard& operator=(const GeneratorStateGuard&) = delete;
+
+ private:
+  at::Generator generator_;
+  at::Tensor state_;
+};
+
+// The strategies a refused run could take instead: on one rank, only local (with activation
+// checkpointing); on several, those that train at its opt level (zero1, zero2 and fsdp at O0 and
+// O1; the pipeline at O0, with at least as many blocks as ranks), and its own with checkpointing.
+std::vector<parallel::StrategyKind> alternative_strategies(const TrainOptions& o, int64_t world, bool checkpointing) {
+  using parallel::StrategyKind;
+  const StrategyKind current = o.resolved_strategy(world);
+  if (world == 1) return checkpointing ? std::vector<StrategyKind>{current} : std::vector<StrategyKind>{};
+  const amp::OptLevel level = o.resolved_opt_level();
+  std::vector<StrategyKind> kinds;
+  for (StrategyKind kind : {StrategyKind::kDdp, StrategyKind::kZero1, StrategyKind::kZero2, StrategyKind::kFsdp,
+                            StrategyKind::kPipeline}) {
+    const bool sharded = kind == StrategyKind::kZero1 || kind == StrategyKind::kZero2 || kind == StrategyKind::kFsdp;
+    if (sharded && level != amp::OptLevel::kO0 && level != amp::OptLevel::kO1) continue;
+    if (kind == StrategyKind::kPipeline && level != amp::OptLevel::kO0) continue;
+    if (kind == current && !checkpointing) continue;
+    kinds.push_back(kind);
+  }
+  return kinds;
+}
+
+std::string rank_breakdown(const RankMemory& m) {
+  char line[400];
+  std::snprintf(line, sizeof(line), "rank %lld%s: parameters %.2f, gradients %.2f, optimizer state %.2f, fp32 masters %.2f, "
+                "activations %.2f, buffers %.2f, baseline %.1f, data %.1f; peak %.1f MiB (%s)",
+                static_cast<long long>(m.rank), m.stage >= 0 ? c10::str(" (stage ", m.stage, ")").c_str() : "",
+                mib(m.parameters), mib(m.gradients), mib(m.optimizer_state), mib(m.masters), mib(m.activations),
+                mib(m.buffers), mib(m.baseline), mib(m.data), mib(m.peak()), m.peak_moment().c_str());
+  return line;
+}
+
+// Planned after the probe: every rank's layout, plus what the process measured.
+MemoryPlan plan_from_probe(const TrainOptions& o, const MemoryPlanOptions& p, const MemoryProbe& probe,
+                           models::Classifier& model, const ProcessMemory& process, int64_t eval_batch_size) {
+  MemoryPlan plan;
+  const parallel::StrategyKind kind = o.resolved_strategy(p.world_size());
+  plan.strategy = parallel::to_string(kind);
+  plan.opt_level = amp::to_string(o.resolved_opt_level());
+  plan.world_size = p.world_size();
+  plan.batch_size = o.trainer().batch_size();
+  plan.checkpoint_activations = o.trainer().checkpoint_activations();
+  const Planner planner{o, kind, p.world_size(), probe, model, o.strategy_options(nullptr).optimizer(), eval_batch_size};
+  for (int64_t r = 0; r < p.world_size(); ++r) {
+    RankMemory m = planner.rank(r);
+    m.baseline = process.baseline;
+    m.data = process.data;
+    m.steady += process.baseline + process.data;
+    m.first_step += process.baseline + process.data;
+    if (m.evaluation > 0) m.evaluation += process.baseline + process.data;
+    plan.ranks.push_back(m);
+  }
+  return plan;
+}
+
+}  // namespace
+
+void MemoryPlanOptions::validate() const {
+  TORCH_CHECK_VALUE(world_size() >= 1, "MemoryPlanOptions::world_size ", world_size(), " must be at least 1");
+  TORCH_CHECK_VALUE(local_ranks() >= 0, "MemoryPlanOptions::local_ranks ", local_ranks(), " must be >= 0 (0: world_size)");
+  TORCH_CHECK_VALUE(probe_rows() >= 1, "MemoryPlanOptions::probe_rows ", probe_rows(), " must be at least 1");
+}
+
+int64_t RankMemory::peak() const { return std::max({first_step, steady, evaluation}); }
+
+std::string RankMemory::peak_moment() const {
+  if (evaluation > steady && evaluation > first_step) return "evaluation";
+  return first_step > steady ? "first step" : "steady state";
+}
+
+const RankMemory& MemoryPlan::largest() const {
+  TORCH_CHECK(!ranks.empty(), "memory plan: no ranks");
+  return *std::max_element(ranks.begin(), ranks.end(),
+                           [](const RankMemory& a, const RankMemory& b) { return a.peak() < b.peak(); });
+}
+
+nlohmann::ordered_json MemoryPlan::to_json() const {
+  nlohmann::ordered_json j{{"strategy", strategy}, {"opt_level", opt_level}, {"world_size", world_size},
+                           {"batch_size", batch_size}, {"checkpoint_activations", checkpoint_activations}};
+  j["ranks"] = nlohmann::ordered_json::array();
+  for (const RankMemory& m : ranks) {
+    nlohmann::ordered_json r{{"rank", m.rank}};
+    if (m.stage >= 0) r["stage"] = m.stage;
+    r.update({{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer_state", m.optimizer_state},
+              {"masters", m.masters}, {"activations", m.activations}, {"buffers", m.buffers},
+              {"baseline", m.baseline}, {"data", m.data}, {"first_step", m.first_step}, {"steady", m.steady},
+              {"evaluation", m.evaluation},
+              {"peak", m.peak()}, {"peak_moment", m.peak_moment()}});
+    j["ranks"].push_back(std::move(r));
+  }
+  return j;
+}
+
+std::string MemoryPlan::table() const {
+  std::string out;
+  for (const RankMemory& m : ranks) out += rank_breakdown(m) + "\n";
+  return out;
+}
+
+int64_t warm_up() {
+  // No random numbers: the CPU generator is the run's (see GeneratorStateGuard).
+  torch::Tensor x = torch::linspace(-1, 1, 2 * 3 * 16 * 16).view({2, 3, 16, 16}).requires_grad_();
+  torch::Tensor w = torch::linspace(-1, 1, 4 * 3 * 3 * 3).view({4, 3, 3, 3}).requires_grad_();
+  torch::Tensor l = torch::linspace(-1, 1, 4 * 14 * 14 * 10).view({4 * 14 * 14, 10}).requires_grad_();
+  torch::conv2d(x, w).relu().flatten(1).mm(l).sum().backward();
+  return resident_bytes();
+}
+
+MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
+                          ProcessMemory& process) {
+  p.validate();
+  const GeneratorStateGuard generator;
+  const int64_t replicas = o.resolved_strategy(p.world_size()) == parallel::StrategyKind::kPipeline
+                               ? std::max<int64_t>(1, p.world_size() / pipeline_stages(o, p.world_size()))
+                               : p.world_size();
+  const int64_t eval_rows = data.test && p.evaluation() ? data.eval_batch_size : 0;
+  // Evaluation runs the model plainly under any strategy and checkpointing: measured once.
+  MemoryProbe probe = probe_memory(data, o, replicas, p.probe_rows(), process.eval < 0 ? eval_rows : 0);
+  if (process.eval < 0) process.eval = probe.eval_bytes;
+  probe.eval_bytes = process.eval;
+  if (process.baseline == 0) {
+    // See Note [Planning memory]: the code and kernels the steps touched count; the heap the dry
+    // run freed goes back first, so what remains is the process and its data.
+    malloc_trim(0);
+    process.baseline = std::max<int64_t>(0, resident_bytes() - process.data);
+  }
+  auto model = data.make_model(nullptr, /*initial_weights=*/false);
+  return plan_from_probe(o, p, probe, *model, process, eval_rows);
+}
+
+// See Note [Planning memory].
+MemoryPlan plan_memory(const TrainOptions& o, const MemoryPlanOptions& p) {
+  o.validate();
+  p.validate();
+  TrainOptions planned = o;
+  planned.sync_bn(false);  // SyncBatchNorm holds what BatchNorm holds; the dry run has no group
+  configure_heap();  // as train() does: See Note [Keeping freed memory for the next step]
+  const int64_t before_data = warm_up();
+  const ReferenceData data = o.text() ? make_text_data(planned) : make_image_data(planned);
+  ProcessMemory process;
+  process.data = std::max<int64_t>(0, resident_bytes() - before_data);
+  return plan_with_data(planned, p, data, process);
+}
+
+std::string memory_plan_refusal(const MemoryPlan& plan, const MemoryLimit& limit,
+                                const std::vector<MemoryPlan>& alternatives) {
+  const RankMemory& worst = plan.largest();
+  if (worst.peak() <= limit.bytes) return "";
+  std::string text = c10::str("rank ", worst.rank, " of ", plan.world_size, " would need ", format_mib(worst.peak()),
+                              " MiB at its peak (", worst.peak_moment(), ") under ", plan.strategy, " at ",
+                              plan.opt_level, ", batch ", plan.batch_size, ", more than the ", format_mib(limit.bytes),
+                              " MiB it may use (", limit.source, "). Planned: ", rank_breakdown(worst), ". ");
+  std::vector<const MemoryPlan*> fitting;
+  for (const MemoryPlan& a : alternatives)
+    if (a.largest().peak() <= limit.bytes) fitting.push_back(&a);
+  std::sort(fitting.begin(), fitting.end(),
+            [](const MemoryPlan* a, const MemoryPlan* b) { return a->largest().peak() < b->largest().peak(); });
+  std::vector<std::string> fits;
+  for (const MemoryPlan* a : fitting) {
+    const bool ckpt = a->checkpoint_activations && !plan.checkpoint_activations;
+    fits.push_back(c10::str(a->strategy, ckpt ? " with activation checkpointing (TrainerOptions::checkpoint_activations)" : "",
+                            " needs ", format_mib(a->largest().peak()), " MiB per rank", ckpt && a->strategy == plan.strategy
+                                ? c10::str(" (saves ", format_mib(worst.peak() - a->largest().peak()), " MiB)") : ""));
+  }
+  text += fits.empty() ? "No other strategy or activation checkpointing fits either: lower the batch size, or give "
+                         "the run more memory"
+                       : "What fits, cheapest first: " + c10::Join("; ", fits);
+  return text + ". Set TrainOptions::ignore_memory_plan to train anyway.";
+}
+
+void check_memory_plan(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
+                       ProcessMemory process, const MemoryLimit& limit) {
+  const MemoryPlan plan = plan_with_data(o, p, data, process);
+  if (plan.largest().peak() <= limit.bytes) return;
+  std::vector<MemoryPlan> alternatives;
+  for (bool checkpointing : {false, true}) {
+    if (checkpointing && o.trainer().checkpoint_activations()) continue;
+    TrainOptions a = o;
+    if (checkpointing) a.trainer().checkpoint_activations(true);
+    for (parallel::StrategyKind kind : alternative_strategies(o, p.world_size(), checkpointing)) {
+      a.trainer().strategy(kind);
+      try {
+        alternatives.push_back(plan_with_data(a, p, data, process));
+      } catch (const c10::ValueError&) {
+        // a strategy this model cannot take (a pipeline of more stages than blocks): not an option
+      }
+    }
+  }
+  TORCH_CHECK(false, memory_plan_refusal(plan, limit, alternatives));
+}
+
+}  // namespace lockstep::train

@@ -1,0 +1,67 @@
+#pragma once
+// The dry run behind a memory plan (see Note [Activations by a dry run]): a few local steps of the
+// run's model, optimizer and precision on small batches, counted by TensorMemoryCounter; and the
+// plan and its check on data train() has already built.
+
+#include <cstdint>
+#include <vector>
+
+#include "lockstep/parallel/strategy.h"
+#include "lockstep/train/memory_plan.h"
+#include "lockstep/train/options.h"
+#include "reference_data.h"
+
+namespace lockstep::train {
+
+// bytes(rows) = intercept + slope x rows, fitted through two measured points.
+struct LinearBytes {
+  double intercept = 0.0;
+  double slope = 0.0;
+  int64_t at(int64_t rows) const;
+};
+
+struct MemoryProbe {
+  parallel::MemoryReport local;  // the local strategy's own report after two steps
+  int64_t masters = 0;           // of local.optim_bytes: the fp32 master weights (O2)
+  // Bytes above parameters, masters and optimizer state at a steady step's peak (its gradients
+  // and activations), and above parameters and masters during the first step (gradients,
+  // activations and the optimizer's new state), by rows of the micro-batch.
+  LinearBytes steady, first;
+  // Bytes a forward without grad on eval_rows rows (evaluation) reaches above everything the steps
+  // left: in tensors or, when larger, in resident memory (see reset_resident_peak).
+  int64_t eval_bytes = 0;
+  int64_t peak_rows = 0;  // rows of the epoch's largest batch (text: the most padded tokens)
+  // Each block's share of the activations a forward leaves for backward (Note [Model blocks]).
+  std::vector<double> block_shares;
+};
+
+// Dry-runs `o`'s model from `data` under the local strategy at `o`'s opt level, with activation
+// checkpointing when `o` asks for it, on probe_rows and 2 x probe_rows rows of the epoch's largest
+// batch for one of `replicas` data-parallel replicas.
+// eval_rows: evaluation's batch (0: none).
+MemoryProbe probe_memory(const ReferenceData& data, const TrainOptions& o, int64_t replicas, int64_t probe_rows,
+                         int64_t eval_rows);
+
+// What the process measured of itself (see Note [Planning memory]), in bytes.
+struct ProcessMemory {
+  int64_t data = 0;      // resident growth while the data was built
+  int64_t baseline = 0;  // resident after the first dry run, less `data`; 0: not measured yet
+  int64_t eval = -1;     // MemoryProbe::eval_bytes of the first dry run; -1: not measured yet
+};
+
+// One small forward and backward through a convolution and a linear layer, so that LibTorch,
+// oneDNN and the autograd engine have made what they make once per process; returns the resident
+// bytes after it.
+int64_t warm_up();
+
+// The plan for `o` with its data built already; measures process.baseline after its dry run when
+// it is 0.
+MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
+                          ProcessMemory& process);
+
+// Throws c10::Error naming the rank, the plan's breakdown, `limit` and the cheapest plans that fit
+// (memory_plan_refusal) when the largest rank's peak exceeds `limit`.
+void check_memory_plan(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
+                       ProcessMemory process, const MemoryLimit& limit);
+
+}  // namespace lockstep::train

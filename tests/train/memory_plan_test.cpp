@@ -1,0 +1,209 @@
+// The memory plan (train/memory_plan.h): its model states against what the strategies report on
+// real ranks, its activations against a counted step, and the limit it is checked against.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../dist/multi_rank.h"
+#include "../test_util.h"
+#include "lockstep/core/tensor_memory.h"
+#include "lockstep/models/zoo.h"
+#include "lockstep/parallel/local_strategy.h"
+#include "lockstep/parallel/strategy_registry.h"
+#include "lockstep/train/memory_plan.h"
+
+namespace lockstep {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+train::TrainOptions synthetic_run(const std::string& model, parallel::StrategyKind kind, int64_t batch) {
+  train::TrainOptions o;
+  o.model(model).data(train::DataSource::kSynthetic).limit(64);
+  o.trainer().strategy(kind).batch_size(batch);
+  return o;
+}
+
+// One step of `o`'s strategy on rank `rank` of `group`: what Strategy::memory() then reports.
+parallel::MemoryReport strategy_memory(const train::TrainOptions& o, dist::ProcessGroup& group) {
+  torch::manual_seed(0);
+  auto model = models::make_model(o.model());
+  auto strategy = parallel::make_strategy(*o.trainer().strategy(), torch::nn::AnyModule(model),
+                                          o.strategy_options(&group).reporter([](ReportKind, const std::string&) {}));
+  const auto shape = models::input_shape(o.model());
+  std::vector<int64_t> input{o.trainer().batch_size()};
+  input.insert(input.end(), shape.begin(), shape.end());
+  const std::vector<parallel::MicroBatch> step{
+      {torch::randn(input), torch::randint(10, {o.trainer().batch_size()}, torch::kInt64), 1.0}};
+  strategy->forward_backward(step, [](const torch::Tensor& out, const torch::Tensor& target) {
+    return torch::nn::functional::cross_entropy(out, target);
+  });
+  strategy->step();
+  return strategy->memory();
+}
+
+// Parameters, gradients and optimizer state (with the fp32 masters, as MemoryReport lumps them)
+// of every rank equal the strategy's own report after a step on two real ranks, to the byte.
+TEST(MemoryPlan, ModelStatesEqualWhatEachStrategyReportsOnTwoRanks) {
+  using parallel::StrategyKind;
+  for (StrategyKind kind : {StrategyKind::kDdp, StrategyKind::kZero1, StrategyKind::kZero2, StrategyKind::kFsdp,
+                            StrategyKind::kPipeline}) {
+    SCOPED_TRACE(parallel::to_string(kind));
+    train::TrainOptions o = synthetic_run("mlp", kind, 8);
+    if (kind == StrategyKind::kZero2) o.optimizer().kind(optim::OptimizerKind::kAdam);
+    const train::MemoryPlan plan = train::plan_memory(o, train::MemoryPlanOptions().world_size(2));
+    ASSERT_EQ(plan.ranks.size(), 2u);
+    std::vector<parallel::MemoryReport> reported(2);
+    testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) { reported[rank] = strategy_memory(o, group); });
+    for (int64_t r = 0; r < 2; ++r) {
+      const train::RankMemory& m = plan.ranks[r];
+      EXPECT_EQ(m.parameters, reported[r].param_bytes) << "rank " << r;
+      EXPECT_EQ(m.gradients, reported[r].grad_bytes) << "rank " << r;
+      EXPECT_EQ(m.optimizer_state + m.masters, reported[r].optim_bytes) << "rank " << r;
+    }
+  }
+}
+
+// O2 keeps fp32 masters beside bf16 weights: the plan names them apart, and the local strategy's
+// report (which lumps them with the optimizer state) agrees to the byte.
+TEST(MemoryPlan, MastersAtO2AreTheFp32CopiesOfTheHalfWeights) {
+  train::TrainOptions o = synthetic_run("convnet", parallel::StrategyKind::kLocal, 8);
+  o.precision(train::Precision::kBf16).opt_level(amp::OptLevel::kO2);
+  const train::RankMemory m = train::plan_memory(o, {}).ranks.at(0);
+  int64_t fp32_bytes = 0;
+  for (const auto& p : models::make_model("convnet")->parameters()) fp32_bytes += p.numel() * 4;
+  EXPECT_GT(m.masters, 0);
+  EXPECT_LE(m.masters, fp32_bytes);
+  EXPECT_LT(m.parameters, fp32_bytes);  // bf16 weights, BatchNorm's kept in fp32
+}
+
+// The dry run's line through 4 and 8 rows predicts a counted step at 32 rows: the tensor bytes
+// live at the step's peak (parameters, gradients, optimizer state, activations) within 5%.
+TEST(MemoryPlan, ActivationsFromASmallDryRunPredictACountedStepAtFourTimesTheRows) {
+  for (const char* name : {"convnet", "mlp-wide"}) {
+    SCOPED_TRACE(name);
+    train::TrainOptions o = synthetic_run(name, parallel::StrategyKind::kLocal, 32);
+    const train::RankMemory m = train::plan_memory(o, train::MemoryPlanOptions().probe_rows(4)).ranks.at(0);
+    const int64_t planned = m.steady - m.baseline - m.data;
+
+    TensorMemoryCounter counter;
+    torch::manual_seed(0);
+    parallel::LocalStrategy local(torch::nn::AnyModule(models::make_model(name)),
+                                  o.strategy_options(nullptr).reporter([](ReportKind, const std::string&) {}));
+    const auto shape = models::input_shape(name);
+    const std::vector<parallel::MicroBatch> step{{torch::randn({32, shape[0], shape[1], shape[2]}),
+                                                  torch::randint(10, {32}, torch::kInt64), 1.0}};
+    const auto loss = [](const torch::Tensor& out, const torch::Tensor& t) {
+      return torch::nn::functional::cross_entropy(out, t);
+    };
+    local.forward_backward(step, loss);
+    local.step();
+    const int64_t before = TensorMemoryCounter::live_bytes() - parallel::tensor_bytes(step[0].input) -
+                          parallel::tensor_bytes(step[0].target);
+    TensorMemoryCounter::reset_peak();
+    local.forward_backward(step, loss);
+    local.step();
+    const int64_t measured = before + TensorMemoryCounter::peak_bytes();
+    EXPECT_NEAR(static_cast<double>(planned), static_cast<double>(measured), 0.05 * static_cast<double>(measured));
+    EXPECT_GT(m.activations, 0);
+  }
+}
+
+// Activation checkpointing keeps only the blocks' inputs: on resnet18, whose activations outweigh
+// its weights, the plan holds fewer activation bytes (on mlp-wide, whose blocks' recompute costs
+// more than their inputs save, it does not).
+TEST(MemoryPlan, CheckpointingActivationsPlansFewerActivationBytesOnResnet18) {
+  train::TrainOptions o = synthetic_run("resnet18", parallel::StrategyKind::kLocal, 8);
+  const auto steps_only = train::MemoryPlanOptions().evaluation(false).probe_rows(2);
+  const int64_t plain = train::plan_memory(o, steps_only).ranks.at(0).activations;
+  o.trainer().checkpoint_activations(true);
+  const train::RankMemory checkpointed = train::plan_memory(o, steps_only).ranks.at(0);
+  EXPECT_LT(checkpointed.activations, plain);
+  EXPECT_EQ(checkpointed.evaluation, 0);
+}
+
+// A refusal names the rank, the breakdown, the limit and where it came from, and what fits.
+TEST(MemoryPlan, RefusalNamesTheRankTheBreakdownTheLimitAndWhatFits) {
+  train::TrainOptions o = synthetic_run("mlp-wide", parallel::StrategyKind::kDdp, 16);
+  const train::MemoryPlan ddp = train::plan_memory(o, train::MemoryPlanOptions().world_size(2));
+  o.trainer().strategy(parallel::StrategyKind::kZero1);
+  const train::MemoryPlan zero1 = train::plan_memory(o, train::MemoryPlanOptions().world_size(2));
+  ASSERT_NE(zero1.largest().peak(), ddp.largest().peak());
+  const bool zero1_smaller = zero1.largest().peak() < ddp.largest().peak();
+  const train::MemoryPlan& big = zero1_smaller ? ddp : zero1;
+  const train::MemoryPlan& small = zero1_smaller ? zero1 : ddp;
+  const train::MemoryLimit limit{(big.largest().peak() + small.largest().peak()) / 2, "a test's limit"};
+  const std::string refusal = train::memory_plan_refusal(big, limit, {small});
+  EXPECT_THAT(refusal, HasSubstr("rank 0 of 2 would need"));
+  EXPECT_THAT(refusal, HasSubstr("a test's limit"));
+  EXPECT_THAT(refusal, HasSubstr("optimizer state"));
+  EXPECT_THAT(refusal, HasSubstr(small.strategy + " needs " + train::format_mib(small.largest().peak()) + " MiB per rank"));
+  EXPECT_THAT(refusal, HasSubstr("TrainOptions::ignore_memory_plan"));
+  EXPECT_EQ(train::memory_plan_refusal(small, limit, {}), "");
+}
+
+// A directory tree standing in for /proc and /sys/fs/cgroup.
+struct FakeKernel {
+  testing::TempDir dir;
+  fs::path root = fs::path(dir.path());
+  void write(const std::string& relative, const std::string& text) {
+    fs::create_directories((root / relative).parent_path());
+    std::ofstream(root / relative) << text;
+  }
+  train::MemoryLimitOptions options(int64_t local_ranks) const {
+    return train::MemoryLimitOptions().local_ranks(local_ranks).proc_self_cgroup((root / "cgroup").string())
+        .cgroup_root((root / "sys").string()).meminfo((root / "meminfo").string()).resident_bytes(1 << 20);
+  }
+};
+
+TEST(MemoryLimit, CgroupV2MemoryMaxIsSharedAmongTheLocalRanksAndAParentsSmallerLimitWins) {
+  FakeKernel k;
+  k.write("cgroup", "0::/job/step\n");
+  k.write("sys/job/step/memory.max", "1073741824\n");
+  k.write("sys/job/memory.max", "805306368\n");
+  k.write("meminfo", "MemTotal: 100 kB\nMemAvailable: 50 kB\n");
+  const train::MemoryLimit limit = train::available_memory(k.options(2));
+  EXPECT_EQ(limit.bytes, 805306368 / 2);
+  EXPECT_THAT(limit.source, HasSubstr("cgroup v2"));
+  EXPECT_THAT(limit.source, HasSubstr("job/memory.max"));
+}
+
+TEST(MemoryLimit, CgroupV1LimitInBytesIsReadWhereTheMemoryControllerIsMounted) {
+  FakeKernel k;
+  k.write("cgroup", "9:name=systemd:/\n4:memory:/api/abc\n0::/\n");
+  k.write("sys/memory/api/abc/memory.limit_in_bytes", "536870912\n");
+  k.write("sys/memory/memory.limit_in_bytes", "9223372036854771712\n");  // v1's "unlimited"
+  const train::MemoryLimit limit = train::available_memory(k.options(1));
+  EXPECT_EQ(limit.bytes, 536870912);
+  EXPECT_THAT(limit.source, HasSubstr("cgroup v1"));
+}
+
+TEST(MemoryLimit, WithoutALimitMemAvailableIsSharedAndThisProcessKeepsWhatItHolds) {
+  FakeKernel k;
+  k.write("cgroup", "0::/user.slice\n");
+  k.write("sys/user.slice/memory.max", "max\n");
+  k.write("meminfo", "MemTotal: 2048 kB\nMemFree: 10 kB\nMemAvailable: 4096 kB\n");
+  const train::MemoryLimit limit = train::available_memory(k.options(4));
+  EXPECT_EQ(limit.bytes, 4096 * 1024 / 4 + (1 << 20));
+  EXPECT_THAT(limit.source, HasSubstr("MemAvailable"));
+}
+
+TEST(MemoryLimit, AnUnreadableLimitNamesTheFileAndItsText) {
+  FakeKernel k;
+  k.write("cgroup", "0::/job\n");
+  k.write("sys/job/memory.max", "lots\n");
+  try {
+    train::available_memory(k.options(1));
+    FAIL() << "no error for 'lots'";
+  } catch (const c10::ValueError& e) {
+    EXPECT_THAT(e.what_without_backtrace(), HasSubstr("job/memory.max' holds 'lots'"));
+  }
+  EXPECT_THROW(train::available_memory(k.options(0)), c10::ValueError);
+}
+
+}  // namespace
+}  // namespace lockstep
