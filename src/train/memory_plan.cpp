@@ -326,7 +326,8 @@ MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, con
                                : p.world_size();
   const int64_t eval_rows = data.test && p.evaluation() ? data.eval_batch_size : 0;
   // Evaluation runs the model plainly under any strategy and checkpointing: measured once.
-  MemoryProbe probe = probe_memory(data, o, replicas, p.probe_rows(), process.eval < 0 ? eval_rows : 0);
+  const bool pipeline = o.resolved_strategy(p.world_size()) == parallel::StrategyKind::kPipeline;
+  MemoryProbe probe = probe_memory(data, o, replicas, p.probe_rows(), process.eval < 0 ? eval_rows : 0, pipeline);
   if (process.eval < 0) process.eval = probe.eval_bytes;
   probe.eval_bytes = process.eval;
   if (process.baseline == 0) {
@@ -381,7 +382,12 @@ std::string memory_plan_refusal(const MemoryPlan& plan, const MemoryLimit& limit
 
 void check_memory_plan(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
                        ProcessMemory process, const MemoryLimit& limit) {
-  const MemoryPlan plan = plan_with_data(o, p, data, process);
+  MemoryPlan plan;
+  try {
+    plan = plan_with_data(o, p, data, process);
+  } catch (const std::exception&) {  // c10::Error, and TorchScript's interpreter errors
+    return;  // see the declaration: the run's own setup reports it
+  }
   if (plan.largest().peak() <= limit.bytes) return;
   std::vector<MemoryPlan> alternatives;
   for (bool checkpointing : {false, true}) {

@@ -168,7 +168,7 @@ int64_t LinearBytes::at(int64_t rows) const {
 
 // See Note [Activations by a dry run].
 MemoryProbe probe_memory(const ReferenceData& data, const TrainOptions& o, int64_t replicas, int64_t probe_rows,
-                         int64_t eval_rows) {
+                         int64_t eval_rows, bool per_block) {
   Example batch = largest_batch(data, o, replicas);
   MemoryProbe probe;
   probe.peak_rows = batch.data.size(0);
@@ -196,7 +196,8 @@ MemoryProbe probe_memory(const ReferenceData& data, const TrainOptions& o, int64
   probe.steady = fit(rows1, static_cast<double>(small.steady), rows2, static_cast<double>(large.steady));
   probe.first = fit(rows1, static_cast<double>(small.first), rows2, static_cast<double>(large.first));
   probe.eval_bytes = large.eval;
-  probe.block_shares = block_shares(data, Example{batch.data.narrow(0, 0, rows2), batch.target.narrow(0, 0, rows2)});
+  if (per_block)
+    probe.block_shares = block_shares(data, Example{batch.data.narrow(0, 0, rows2), batch.target.narrow(0, 0, rows2)});
   return probe;
 }
 

@@ -38,9 +38,9 @@ struct MemoryProbe {
 // Dry-runs `o`'s model from `data` under the local strategy at `o`'s opt level, with activation
 // checkpointing when `o` asks for it, on probe_rows and 2 x probe_rows rows of the epoch's largest
 // batch for one of `replicas` data-parallel replicas.
-// eval_rows: evaluation's batch (0: none).
+// eval_rows: evaluation's batch (0: none); per_block: measure block_shares (the pipeline's).
 MemoryProbe probe_memory(const ReferenceData& data, const TrainOptions& o, int64_t replicas, int64_t probe_rows,
-                         int64_t eval_rows);
+                         int64_t eval_rows, bool per_block);
 
 // What the process measured of itself (see Note [Planning memory]), in bytes.
 struct ProcessMemory {
@@ -60,7 +60,9 @@ MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, con
                           ProcessMemory& process);
 
 // Throws c10::Error naming the rank, the plan's breakdown, `limit` and the cheapest plans that fit
-// (memory_plan_refusal) when the largest rank's peak exceeds `limit`.
+// (memory_plan_refusal) when the largest rank's peak exceeds `limit`. A run that cannot be planned
+// (a model file that fails on the data, a model fsdp cannot cut) is not checked: its own setup,
+// which comes next, says why in its words.
 void check_memory_plan(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
                        ProcessMemory process, const MemoryLimit& limit);
 
