@@ -2,6 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -57,7 +60,19 @@ Example BatchLoader::next() {
   return std::move(built.batch);
 }
 
+// Note [Workers do not preempt the step]
+// A worker sleeps when it is prefetch batches ahead, and the step wakes it each time it takes a
+// batch. Under Linux's default policy a woken thread that has slept preempts the thread that woke
+// it when they share a core, so the step lost the core inside its data phase for as long as the
+// worker built a batch (~2 ms of 64 PNG files): with 2 ranks and 2 workers on 2 cores the data
+// phase was 2.3-5.4% of the step in 10 of 10 runs, though the batch was built already. SCHED_BATCH
+// (nice unchanged) is for threads that do not need to run at once: its wakeups do not preempt,
+// so the worker runs when the step waits (in a collective) or at the next tick. Then the phase
+// was 0.1% in 10 of 10 runs, and samples/s rose (docs/benchmarks.md). Best effort: where the
+// policy cannot be set, the worker runs as it would have.
 void BatchLoader::work() {
+  sched_param param{};
+  pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
   const int64_t window = options_.workers() * options_.prefetch();
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
