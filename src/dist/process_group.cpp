@@ -1,6 +1,6 @@
-// Note [Backend seam]: this is the only translation unit that names a c10d backend. Gloo serves
-// CPU tensors; NCCL would be chosen here for CUDA tensors when LibTorch was built with it, and
-// nowhere else, so the rest of lockstep stays device-generic.
+// Note [Backend seam]: this and gloo_backend.cpp are the only translation units that name a c10d
+// backend. Gloo serves CPU tensors; NCCL would be chosen here for CUDA tensors when LibTorch was
+// built with it, and nowhere else, so the rest of lockstep stays device-generic.
 #define USE_C10D_GLOO 1
 #include "lockstep/dist/process_group.h"
 
@@ -15,8 +15,9 @@
 #include <cstdlib>
 #include <thread>
 
-#include "lockstep/core/network.h"
 #include "lockstep/core/world.h"
+#include "gloo_backend.h"
+#include "rendezvous_store.h"
 #include "shm_collectives.h"
 
 namespace lockstep::dist {
@@ -30,118 +31,12 @@ torch::Tensor as_wire_words(const torch::Tensor& t) {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kArrivedKey = "lockstep/arrived";
-
-double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
-
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::kMax: return c10d::ReduceOp::MAX;
     case ReduceOp::kMin: return c10d::ReduceOp::MIN;
     default: return c10d::ReduceOp::SUM;
   }
-}
-
-struct Endpoint {
-  std::string host;
-  int port = 0;
-};
-
-Endpoint parse_tcp(const std::string& url) {
-  const std::string rest = url.substr(6);  // after "tcp://"
-  const auto colon = rest.rfind(':');
-  TORCH_CHECK_VALUE(colon != std::string::npos && colon > 0, "init_method '", url,
-                    "' must be tcp://HOST:PORT");
-  Endpoint e{rest.substr(0, colon), 0};
-  try {
-    e.port = std::stoi(rest.substr(colon + 1));
-  } catch (const std::exception&) {
-    TORCH_CHECK_VALUE(false, "init_method '", url, "' has no numeric port");
-  }
-  TORCH_CHECK_VALUE(e.port > 0 && e.port < 65536, "init_method '", url, "': port ", e.port,
-                    " is not in 1-65535");
-  return e;
-}
-
-c10::intrusive_ptr<c10d::Store> tcp_store(const Endpoint& at, int64_t rank, int64_t world,
-                                          std::chrono::milliseconds timeout) {
-  c10d::TCPStoreOptions o;
-  o.port = static_cast<std::uint16_t>(at.port);
-  o.isServer = rank == 0;
-  o.numWorkers = static_cast<std::size_t>(world);
-  o.waitWorkers = false;  // we count arrivals ourselves, to say how many came (see rendezvous)
-  o.timeout = timeout;
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(at.host, o);
-  } catch (const std::exception& e) {
-    const std::string why = e.what();
-    if (rank == 0) {
-      TORCH_CHECK(false, "rank 0 of ", world, ": cannot host the rendezvous on ", at.host, ":",
-                  at.port, " (", why.substr(0, why.find('\n')),
-                  "); the port may be in use: choose another MASTER_PORT or tcp:// port");
-    }
-    TORCH_CHECK(false, "rank ", rank, " of ", world, ": the master at ", at.host, ":", at.port,
-                " never answered within ", seconds(timeout),
-                " s; check that rank 0 is running and that MASTER_ADDR/MASTER_PORT point at it (",
-                why.substr(0, why.find('\n')), ")");
-  }
-}
-
-// Every rank adds itself to a counter and waits for all; on timeout the error says how many came.
-void rendezvous(c10d::Store& store, int64_t rank, int64_t world, std::chrono::milliseconds timeout,
-                const std::string& where) {
-  store.add(kArrivedKey, 1);
-  const auto deadline = Clock::now() + timeout;
-  auto poll = std::chrono::milliseconds(1);
-  for (;;) {
-    const int64_t arrived = store.add(kArrivedKey, 0);
-    if (arrived >= world) return;
-    TORCH_CHECK(Clock::now() < deadline, "rank ", rank, ": rendezvous at ", where, " timed out after ",
-                seconds(timeout), " s: ", arrived, " of ", world,
-                " ranks arrived; start the missing ranks or check WORLD_SIZE");
-    std::this_thread::sleep_for(poll);  // a poll interval, not synchronisation
-    poll = std::min(poll * 2, std::chrono::milliseconds(50));
-  }
-}
-
-// Note [Gloo's network interface]
-// PyTorch's Python binding of ProcessGroupGloo reads GLOO_SOCKET_IFNAME (interfaces separated by
-// commas, one Gloo device each); the C++ class does not: its default device resolves this host's
-// name, which on a multi-homed host or in a network namespace is the wrong address or 127.0.0.1,
-// and then peers on other hosts cannot connect. lockstep reads the variable as Python does, after
-// its own (InitOptions::iface, then LOCKSTEP_SOCKET_IFNAME, which `lockstep run --iface` sets), and
-// refuses a name this host lacks before the rendezvous, where Gloo would fail only once connecting.
-// The interfaces Gloo is to bind: `iface`, else LOCKSTEP_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME (PyTorch's
-// variable, which LibTorch's C++ API does not read itself); empty for Gloo's default device.
-std::vector<std::string> chosen_interfaces(const std::string& iface, int64_t rank, int64_t world) {
-  std::string list = iface, source = "iface";
-  for (const char* name : {"LOCKSTEP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
-    const char* value = std::getenv(name);
-    if (!list.empty() || value == nullptr || *value == '\0') continue;
-    list = value, source = name;
-  }
-  if (list.empty()) return {};
-  return parse_interfaces(list, c10::str("rank ", rank, " of ", world, ": ", source));
-}
-
-// A Gloo backend over `store` (its keys under "gloo/"): connects to every other rank of the group,
-// through a device per interface of `interfaces` (Gloo's default device when empty). `bound`, when
-// given, receives what the devices bound.
-c10::intrusive_ptr<c10d::ProcessGroup> gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
-                                                    int64_t size, std::chrono::milliseconds timeout,
-                                                    const std::vector<std::string>& interfaces,
-                                                    std::string* bound = nullptr) {
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  if (interfaces.empty()) options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-  for (const std::string& name : interfaces) options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
-  if (bound != nullptr) {
-    std::vector<std::string> devices;
-    for (const auto& device : options->devices)  // Gloo's own words: "tcp, pci=, iface=eth1, speed=-1, addr=[10.0.0.2]"
-      devices.push_back(device->str() + (interfaces.empty() ? " (the host name's address)" : ""));
-    *bound = c10::Join("; ", devices);
-  }
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store),
-                                                     static_cast<int>(rank), static_cast<int>(size), options);
 }
 
 }  // namespace
@@ -394,28 +289,6 @@ std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
   group->parent_ranks_ = " (ranks " + c10::Join(", ", ranks) + " of the parent)";
   return group;
 }
-
-namespace {
-
-// Note [Rank 0's address under mpirun and srun]
-// torchrun and `lockstep run` export MASTER_ADDR; mpirun and srun export only ranks and sizes, so
-// without MASTER_ADDR every rank would look for rank 0 on 127.0.0.1: right on one host, and a
-// rendezvous timeout on several, minutes later. srun's rank 0 runs on the first host of the step
-// (block distribution, SLURM's default), which world_from_env takes from SLURM_STEP_NODELIST.
-// mpirun gives nothing of the kind: when its variables say that the ranks span hosts (fewer
-// local ranks than ranks) and MASTER_ADDR was not set, the run stops at once and says how to
-// export it. The port defaults to 29500 as in PyTorch; two jobs sharing a
-// host need different MASTER_PORTs.
-void check_master_addr_reaches(const WorldInfo& env, int64_t rank, int64_t world) {
-  if (env.master_addr_from != "default" || env.local_world_size >= env.world_size || env.source == "default") return;
-  TORCH_CHECK_VALUE(false, "rank ", rank, " of ", world, ": ", env.source, " started ranks on several hosts (",
-                    env.local_world_size, " of ", env.world_size, " on this one) but MASTER_ADDR is not set, so "
-                    "each rank would look for rank 0 on itself (127.0.0.1); export rank 0's host to every rank: "
-                    "mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=<port>, or under srun "
-                    "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)");
-}
-
-}  // namespace
 
 std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   const std::string& method = options.init_method();

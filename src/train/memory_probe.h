@@ -59,6 +59,9 @@ int64_t warm_up();
 MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
                           ProcessMemory& process);
 
+// One rank's planned MiB in a line: "rank 0: parameters 0.11, ... peak 245.3 MiB (steady state)".
+std::string rank_breakdown(const RankMemory& m);
+
 // Throws c10::Error naming the rank, the plan's breakdown, `limit` and the cheapest plans that fit
 // (memory_plan_refusal) when the largest rank's peak exceeds `limit`. A run that cannot be planned
 // (a model file that fails on the data, a model fsdp cannot cut) is not checked: its own setup,

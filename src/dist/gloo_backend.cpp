@@ -1,0 +1,52 @@
+// The Gloo half of dist::ProcessGroup (see Note [Backend seam] in process_group.cpp): which
+// network interfaces a rank's Gloo binds, and the backend over a store.
+#define USE_C10D_GLOO 1
+#include "gloo_backend.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <c10/util/StringUtil.h>
+
+#include <cstdlib>
+
+#include "lockstep/core/network.h"
+
+namespace lockstep::dist {
+
+// Note [Gloo's network interface]
+// PyTorch's Python binding of ProcessGroupGloo reads GLOO_SOCKET_IFNAME (interfaces separated by
+// commas, one Gloo device each); the C++ class does not: its default device resolves this host's
+// name, which on a multi-homed host or in a network namespace is the wrong address or 127.0.0.1,
+// and then peers on other hosts cannot connect. lockstep reads the variable as Python does, after
+// its own (InitOptions::iface, then LOCKSTEP_SOCKET_IFNAME, which `lockstep run --iface` sets), and
+// refuses a name this host lacks before the rendezvous, where Gloo would fail only once connecting.
+
+std::vector<std::string> chosen_interfaces(const std::string& iface, int64_t rank, int64_t world) {
+  std::string list = iface, source = "iface";
+  for (const char* name : {"LOCKSTEP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    const char* value = std::getenv(name);
+    if (!list.empty() || value == nullptr || *value == '\0') continue;
+    list = value, source = name;
+  }
+  if (list.empty()) return {};
+  return parse_interfaces(list, c10::str("rank ", rank, " of ", world, ": ", source));
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
+                                                    int64_t size, std::chrono::milliseconds timeout,
+                                                    const std::vector<std::string>& interfaces,
+                                                    std::string* bound) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  if (interfaces.empty()) options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  for (const std::string& name : interfaces) options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+  if (bound != nullptr) {
+    std::vector<std::string> devices;
+    for (const auto& device : options->devices)  // Gloo's own words: "tcp, pci=, iface=eth1, speed=-1, addr=[10.0.0.2]"
+      devices.push_back(device->str() + (interfaces.empty() ? " (the host name's address)" : ""));
+    *bound = c10::Join("; ", devices);
+  }
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", store),
+                                                     static_cast<int>(rank), static_cast<int>(size), options);
+}
+
+}  // namespace lockstep::dist

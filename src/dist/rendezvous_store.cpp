@@ -1,0 +1,97 @@
+// How a process group's ranks meet (see rendezvous_store.h): the c10d store every rank reaches,
+// and the wait for all of them.
+#include "rendezvous_store.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <thread>
+
+namespace lockstep::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kArrivedKey = "lockstep/arrived";
+
+}  // namespace
+
+double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+Endpoint parse_tcp(const std::string& url) {
+  const std::string rest = url.substr(6);  // after "tcp://"
+  const auto colon = rest.rfind(':');
+  TORCH_CHECK_VALUE(colon != std::string::npos && colon > 0, "init_method '", url,
+                    "' must be tcp://HOST:PORT");
+  Endpoint e{rest.substr(0, colon), 0};
+  try {
+    e.port = std::stoi(rest.substr(colon + 1));
+  } catch (const std::exception&) {
+    TORCH_CHECK_VALUE(false, "init_method '", url, "' has no numeric port");
+  }
+  TORCH_CHECK_VALUE(e.port > 0 && e.port < 65536, "init_method '", url, "': port ", e.port,
+                    " is not in 1-65535");
+  return e;
+}
+
+c10::intrusive_ptr<c10d::Store> tcp_store(const Endpoint& at, int64_t rank, int64_t world,
+                                          std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(at.port);
+  o.isServer = rank == 0;
+  o.numWorkers = static_cast<std::size_t>(world);
+  o.waitWorkers = false;  // we count arrivals ourselves, to say how many came (see rendezvous)
+  o.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(at.host, o);
+  } catch (const std::exception& e) {
+    const std::string why = e.what();
+    if (rank == 0) {
+      TORCH_CHECK(false, "rank 0 of ", world, ": cannot host the rendezvous on ", at.host, ":",
+                  at.port, " (", why.substr(0, why.find('\n')),
+                  "); the port may be in use: choose another MASTER_PORT or tcp:// port");
+    }
+    TORCH_CHECK(false, "rank ", rank, " of ", world, ": the master at ", at.host, ":", at.port,
+                " never answered within ", seconds(timeout),
+                " s; check that rank 0 is running and that MASTER_ADDR/MASTER_PORT point at it (",
+                why.substr(0, why.find('\n')), ")");
+  }
+}
+
+void rendezvous(c10d::Store& store, int64_t rank, int64_t world, std::chrono::milliseconds timeout,
+                const std::string& where) {
+  store.add(kArrivedKey, 1);
+  const auto deadline = Clock::now() + timeout;
+  auto poll = std::chrono::milliseconds(1);
+  for (;;) {
+    const int64_t arrived = store.add(kArrivedKey, 0);
+    if (arrived >= world) return;
+    TORCH_CHECK(Clock::now() < deadline, "rank ", rank, ": rendezvous at ", where, " timed out after ",
+                seconds(timeout), " s: ", arrived, " of ", world,
+                " ranks arrived; start the missing ranks or check WORLD_SIZE");
+    std::this_thread::sleep_for(poll);  // a poll interval, not synchronisation
+    poll = std::min(poll * 2, std::chrono::milliseconds(50));
+  }
+}
+
+// Note [Rank 0's address under mpirun and srun]
+// torchrun and `lockstep run` export MASTER_ADDR; mpirun and srun export only ranks and sizes, so
+// without MASTER_ADDR every rank would look for rank 0 on 127.0.0.1: right on one host, and a
+// rendezvous timeout on several, minutes later. srun's rank 0 runs on the first host of the step
+// (block distribution, SLURM's default), which world_from_env takes from SLURM_STEP_NODELIST.
+// mpirun gives nothing of the kind: when its variables say that the ranks span hosts (fewer
+// local ranks than ranks) and MASTER_ADDR was not set, the run stops at once and says how to
+// export it. The port defaults to 29500 as in PyTorch; two jobs sharing a
+// host need different MASTER_PORTs.
+void check_master_addr_reaches(const WorldInfo& env, int64_t rank, int64_t world) {
+  if (env.master_addr_from != "default" || env.local_world_size >= env.world_size || env.source == "default") return;
+  TORCH_CHECK_VALUE(false, "rank ", rank, " of ", world, ": ", env.source, " started ranks on several hosts (",
+                    env.local_world_size, " of ", env.world_size, " on this one) but MASTER_ADDR is not set, so "
+                    "each rank would look for rank 0 on itself (127.0.0.1); export rank 0's host to every rank: "
+                    "mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=<port>, or under srun "
+                    "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)");
+}
+
+}  // namespace lockstep::dist
