@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -10,10 +11,12 @@
 
 #include "checks.h"
 #include "commands.h"
+#include "lockstep/bench/collectives_bench.h"
 #include "lockstep/bench/loader_bench.h"
 #include "lockstep/bench/pipeline_sweep.h"
 #include "lockstep/bench/runner.h"
 #include "lockstep/core/process.h"
+#include "lockstep/core/world.h"
 
 namespace lockstep::cli {
 namespace {
@@ -23,6 +26,26 @@ std::string self_path(const std::string& fallback) {
   char buf[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : fallback;
+}
+
+// --collectives: every rank of the launcher's group measures; rank 0 prints and writes the results.
+int run_collectives(bench::CollectivesBenchOptions options, const std::string& out) {
+  const WorldInfo world = world_from_env();
+  if (world.world_size < 2) {
+    std::cerr << "lockstep bench --collectives: a collective needs at least 2 ranks; start it under a launcher, "
+                 "e.g. lockstep run --nproc-per-node 2 -- lockstep bench --collectives\n";
+    return 2;
+  }
+  auto group = dist::init_process_group();
+  if (group->rank() == 0) {
+    std::filesystem::create_directories(out);
+    std::cout << "process group: " << group->describe() << std::endl;
+  }
+  options.out(out);
+  bench::run_collectives_bench(*group, options, [](const std::string& line) { std::cout << line << std::endl; });
+  if (group->rank() == 0)
+    std::cout << "lockstep bench: wrote " << out << "/collectives.md (and .csv, collectives.svg)" << std::endl;
+  return 0;
 }
 
 }  // namespace
@@ -73,7 +96,24 @@ Command add_bench_command(CLI::App& app, const std::string& argv0, const std::st
       ->check(cli::non_negative_count())->group(load);
   cmd->add_option("--prefetch", loader->loader().prefetch(), "Batches each worker builds ahead")
       ->check(cli::positive_count())->group(load);
-  return {cmd, [cmd, o, matrix_file, sweep, sweep_flag, loader, loader_flag, argv0, command_line] {
+  auto collectives = std::make_shared<bench::CollectivesBenchOptions>();
+  auto collectives_flag = std::make_shared<bool>(false);
+  const std::string coll = "Collectives (--collectives, under a launcher)";
+  cmd->add_flag("--collectives", *collectives_flag,
+                "Instead of the matrix: time all-reduce (each algorithm the hosts allow), reduce-scatter, all-gather "
+                "and broadcast over the launcher's ranks, nccl-tests style; collectives.md/.csv/.svg")
+      ->group(coll);
+  cmd->add_option("--min-bytes", collectives->min_bytes(), "Smallest message (nccl-tests' -b)")
+      ->check(cli::positive_count())->group(coll);
+  cmd->add_option("--max-bytes", collectives->max_bytes(), "Largest message (nccl-tests' -e)")
+      ->check(cli::positive_count())->group(coll);
+  cmd->add_option("--step-factor", collectives->step_factor(), "Each size is the previous one times this (-f)")
+      ->check(cli::positive_count())->group(coll);
+  cmd->add_option("--iterations", collectives->iterations(), "Timed calls per size; the median is reported (-n)")
+      ->check(cli::positive_count())->group(coll);
+  return {cmd, [cmd, o, matrix_file, sweep, sweep_flag, loader, loader_flag, collectives, collectives_flag, argv0,
+                command_line] {
+            if (*collectives_flag) return run_collectives(*collectives, o->out());
             if (*loader_flag) {
               // --batch-size's default is the matrix's global batch; the loader's own is DataLoader
               // benchmarks' 64.

@@ -186,6 +186,12 @@ Command add_train_command(CLI::App& app) {
                   "Seconds the rendezvous and each collective may take before the run fails naming the rank that "
                   "did not arrive")
       ->check(cli::positive_number())->capture_default_str();
+  add_enum_option<dist::AllReduceAlgorithm>(
+      cmd, "--allreduce", dist::all_reduce_algorithm_names(), [o](auto v) { o->allreduce(v); },
+      "Ranks on several hosts: flat (one Gloo ring), hierarchical (shared memory inside each host, one shard per "
+      "rank across hosts), or auto: hierarchical when every host has the same number of ranks, at least 2 "
+      "(LOCKSTEP_ALLREDUCE sets auto's choice)",
+      "auto");
   cmd->add_option("--save-model", t.save_model(),
                   "Write the final state dict here (readable by Python's torch.load)");
   cmd->add_option("--save-torchscript", o->save_torchscript(),

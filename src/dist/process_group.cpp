@@ -17,6 +17,8 @@
 
 #include "lockstep/core/world.h"
 #include "gloo_backend.h"
+#include "hierarchical_all_reduce.h"
+#include "lockstep/core/names.h"
 #include "rendezvous_store.h"
 #include "shm_collectives.h"
 
@@ -41,6 +43,11 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 
 }  // namespace
 
+const std::vector<std::string>& all_reduce_algorithm_names() {
+  static const std::vector<std::string> names{"auto", "flat", "hierarchical"};
+  return names;
+}
+
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
                            c10::intrusive_ptr<c10d::ProcessGroup> backend,
                            std::chrono::milliseconds timeout, SharedMemory shared_memory,
@@ -52,13 +59,49 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
       size_(backend_->getSize()),
       shared_memory_(shared_memory),
       interfaces_(std::move(interfaces)),
-      network_(std::move(network)),
-      shm_(ShmCollectives::create(*store_, rank_, size_, timeout_, shared_memory)) {}
+      network_(std::move(network)) {
+  const HostMap hosts = exchange_hosts(*store_, rank_, size_, shared_memory);
+  host_of_rank_ = hosts.host_of_rank;
+  if (hosts.shares_memory()) shm_ = ShmCollectives::create(*store_, rank_, size_, timeout_);
+}
+
+int64_t ProcessGroup::hosts() const { return *std::max_element(host_of_rank_.begin(), host_of_rank_.end()) + 1; }
 
 std::string ProcessGroup::describe() const {
+  const std::string all_reduce = hierarchical_ ? hierarchical_->describe()
+                                               : c10::str("flat (", shm_ ? "shared memory" : "one Gloo ring", " over ",
+                                                          size_, size_ == 1 ? " rank" : " ranks", " on ", hosts(),
+                                                          hosts() == 1 ? " host)" : " hosts)");
   return c10::str("rank ", rank_, " of ", size_, (network_.empty() ? "" : "; " + network_),
-                  "; shared memory between the ranks of a host: ", shm_ ? "on" : "off", "; timeout ", seconds(timeout_),
-                  " s per collective");
+                  "; shared memory between the ranks of a host: ", shm_ ? "on" : "off", "; all-reduce: ", all_reduce,
+                  "; timeout ", seconds(timeout_), " s per collective");
+}
+
+void ProcessGroup::choose_all_reduce(AllReduceAlgorithm algorithm) {
+  // See Note [Hierarchical all-reduce].
+  std::vector<std::vector<int64_t>> ranks_of(hosts());
+  for (int64_t r = 0; r < size_; ++r) ranks_of[host_of_rank_[r]].push_back(r);
+  const size_t local = ranks_of[0].size();
+  const bool even = std::all_of(ranks_of.begin(), ranks_of.end(), [&](const auto& on) { return on.size() == local; });
+  if (algorithm == AllReduceAlgorithm::kHierarchical && !even) {
+    std::vector<size_t> counts;
+    for (const auto& on : ranks_of) counts.push_back(on.size());
+    TORCH_CHECK_VALUE(false, "rank ", rank_, " of ", size_, ": a hierarchical all-reduce needs as many ranks on every ",
+                      "host, but the ", ranks_of.size(), " hosts hold ", c10::Join(", ", counts),
+                      " ranks; start the same number on each, or choose the flat all-reduce (--allreduce flat)");
+  }
+  if (algorithm == AllReduceAlgorithm::kFlat || ranks_of.size() < 2 || local < 2 || !even) return;
+  std::unique_ptr<ProcessGroup> local_group, cross_group;
+  for (const auto& on_host : ranks_of)  // collective: every rank makes every subgroup, in one order
+    if (auto g = new_group(on_host)) local_group = std::move(g);
+  for (size_t i = 0; i < local; ++i) {
+    std::vector<int64_t> ranks;
+    for (const auto& on_host : ranks_of) ranks.push_back(on_host[i]);
+    std::sort(ranks.begin(), ranks.end());
+    if (auto g = new_group(ranks)) cross_group = std::move(g);
+  }
+  local_group->counts_in_parent_ = cross_group->counts_in_parent_ = false;
+  hierarchical_ = std::make_unique<HierarchicalAllReduce>(std::move(local_group), std::move(cross_group), timeout_);
 }
 
 ProcessGroup::~ProcessGroup() = default;  // backend before store: members die in reverse order
@@ -108,20 +151,24 @@ std::string ProcessGroup::roll_call() {
                   "exited. If it is only slow, raise the timeout (lockstep train --timeout)");
 }
 
-void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
-  std::vector<torch::Tensor> ts{tensor};
+c10::intrusive_ptr<c10d::Work> ProcessGroup::start_all_reduce(torch::Tensor& tensor, ReduceOp op) {
   count_sent(2.0 * ring_share() * static_cast<double>(tensor.nbytes()));
+  // See Note [Collectives through shared memory] and Note [Hierarchical all-reduce].
+  if (shm_ && ShmCollectives::accepts(tensor, op)) return shm_->all_reduce(tensor);
+  if (hierarchical_ && HierarchicalAllReduce::accepts(tensor, op)) return hierarchical_->all_reduce(tensor);
+  std::vector<torch::Tensor> ts{tensor};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
-  const bool shm = shm_ && ShmCollectives::accepts(tensor, op);  // See Note [Collectives through shared memory].
-  wait(shm ? shm_->all_reduce(tensor) : backend_->allreduce(ts, o), "all_reduce");
+  return backend_->allreduce(ts, o);
+}
+
+void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  wait(start_all_reduce(tensor, op), "all_reduce");
   if (op == ReduceOp::kMean) tensor.div_(size_);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(torch::Tensor& tensor) {
-  std::vector<torch::Tensor> ts{tensor};
-  count_sent(2.0 * ring_share() * static_cast<double>(tensor.nbytes()));
-  return shm_ && ShmCollectives::accepts(tensor, ReduceOp::kSum) ? shm_->all_reduce(tensor) : backend_->allreduce(ts);
+  return start_all_reduce(tensor, ReduceOp::kSum);
 }
 
 void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
@@ -263,7 +310,7 @@ double ProcessGroup::average(double value) {
   return t.item<double>();
 }
 
-std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>& ranks) {
+std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>& ranks, AllReduceAlgorithm allreduce) {
   // See Note [Subgroups].
   TORCH_CHECK_VALUE(!ranks.empty(), "new_group on rank ", rank_, ": the list of ranks is empty");
   for (size_t i = 0; i < ranks.size(); ++i)
@@ -287,6 +334,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
   auto group = std::make_unique<ProcessGroup>(store, backend, timeout_, shared_memory_, interfaces_);
   group->parent_ = this;
   group->parent_ranks_ = " (ranks " + c10::Join(", ", ranks) + " of the parent)";
+  group->choose_all_reduce(allreduce);
   return group;
 }
 
@@ -334,9 +382,15 @@ std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   store->setTimeout(options.timeout());  // the collectives' from here on
   std::string bound;
   auto gloo = gloo_backend(store, rank, world, options.timeout(), interfaces, &bound);
-  return std::make_unique<ProcessGroup>(store, gloo, options.timeout(), options.shared_memory(), interfaces,
-                                        c10::str("store ", where, " (", method.substr(0, method.find(':')),
-                                                 ", rendezvous timeout ", seconds(meet), " s); Gloo over ", bound));
+  auto group = std::make_unique<ProcessGroup>(store, gloo, options.timeout(), options.shared_memory(), interfaces,
+                                              c10::str("store ", where, " (", method.substr(0, method.find(':')),
+                                                       ", rendezvous timeout ", seconds(meet), " s); Gloo over ", bound));
+  AllReduceAlgorithm algorithm = options.allreduce();
+  const char* chosen = std::getenv("LOCKSTEP_ALLREDUCE");
+  if (algorithm == AllReduceAlgorithm::kAuto && chosen != nullptr && *chosen != '\0')
+    algorithm = enum_from_name<AllReduceAlgorithm>(all_reduce_algorithm_names(), chosen, "LOCKSTEP_ALLREDUCE value");
+  group->choose_all_reduce(algorithm);
+  return group;
 }
 
 }  // namespace lockstep::dist

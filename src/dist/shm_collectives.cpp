@@ -108,8 +108,8 @@ void sum_16_bit(T* out, const std::vector<const T*>& in, int64_t n) {
 }  // namespace
 
 std::unique_ptr<ShmCollectives> ShmCollectives::create(c10d::Store& store, int64_t rank, int64_t size,
-                                                       std::chrono::milliseconds timeout, SharedMemory mode) {
-  auto segment = ShmSegment::open(store, rank, size, mode);
+                                                       std::chrono::milliseconds timeout) {
+  auto segment = ShmSegment::open(store, rank, size);
   if (segment == nullptr) return nullptr;
   return std::unique_ptr<ShmCollectives>(new ShmCollectives(std::move(segment), rank, size, timeout));
 }
@@ -157,7 +157,7 @@ c10::intrusive_ptr<c10d::Work> ShmCollectives::broadcast(const torch::Tensor& te
 
 c10::intrusive_ptr<c10d::Work> ShmCollectives::enqueue(Job job, c10d::OpType type) {
   job.deadline = Clock::now() + timeout_;
-  job.work = c10::make_intrusive<ShmWork>(static_cast<int>(rank_), type, job.deadline);
+  job.work = c10::make_intrusive<QueuedWork>(static_cast<int>(rank_), type, job.deadline);
   c10::intrusive_ptr<c10d::Work> work = job.work;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -191,8 +191,8 @@ void ShmCollectives::work_loop() {
       abandon();
       error = std::current_exception();
     }
-    c10::intrusive_ptr<ShmWork> work = std::move(job.work);
-    job = Job();  // see ShmWork: no tensor outlives the collective on this thread
+    c10::intrusive_ptr<QueuedWork> work = std::move(job.work);
+    job = Job();  // see QueuedWork: no tensor outlives the collective on this thread
     work->complete(error);
   }
 }

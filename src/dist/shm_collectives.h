@@ -21,15 +21,16 @@
 
 namespace lockstep::dist {
 
-// A Work whose wait() gives the worker's own error, which names who did not arrive, the time to
-// arrive: the worker fails every collective by its deadline, so waiting a moment past it suffices.
+// A Work that a group's worker thread completes (shared memory's, the hierarchical all-reduce's),
+// whose wait() gives the worker's own error, which names who did not arrive, the time to arrive:
+// the worker fails every collective by its deadline, so waiting a moment past it suffices.
 // It holds no tensor, and the worker drops its own reference before completing, so the caller's
 // thread makes the last release of what it allocated. A release on the worker, at whatever moment,
 // would take bytes off the caller's count in the middle of a measurement (see Note [Counting tensor
 // bytes]: a free is charged to the allocating thread).
-class ShmWork : public c10d::Work {
+class QueuedWork : public c10d::Work {
  public:
-  ShmWork(int rank, c10d::OpType type, std::chrono::steady_clock::time_point deadline)
+  QueuedWork(int rank, c10d::OpType type, std::chrono::steady_clock::time_point deadline)
       : c10d::Work(rank, type), deadline_(deadline) {}
 
   void complete(std::exception_ptr error) { finish(std::move(error)); }
@@ -51,10 +52,10 @@ class ShmWork : public c10d::Work {
 
 class ShmCollectives {
  public:
-  // Collective over the group (see ShmSegment::open): nullptr on every rank when the ranks cannot
-  // share memory, or do not all want to.
+  // Collective over a group whose ranks share memory (HostMap::shares_memory; see
+  // ShmSegment::open): nullptr on every rank when a rank could not map the segment.
   static std::unique_ptr<ShmCollectives> create(c10d::Store& store, int64_t rank, int64_t size,
-                                                std::chrono::milliseconds timeout, SharedMemory mode);
+                                                std::chrono::milliseconds timeout);
   ~ShmCollectives();
   ShmCollectives(const ShmCollectives&) = delete;
   ShmCollectives& operator=(const ShmCollectives&) = delete;
@@ -72,7 +73,7 @@ class ShmCollectives {
   struct Job {
     torch::Tensor tensor;
     int64_t root = kNoRoot;  // a broadcast's source rank
-    c10::intrusive_ptr<ShmWork> work;
+    c10::intrusive_ptr<QueuedWork> work;
     uint64_t seq = 0;
     std::chrono::steady_clock::time_point deadline;
     const char* name() const { return root == kNoRoot ? "all-reduce" : "broadcast"; }

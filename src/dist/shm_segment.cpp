@@ -27,17 +27,22 @@ std::string read_line(const char* path) {
   return line;
 }
 
-// Ranks with the same identity share memory and see each other's process ids; "" means this rank
-// cannot tell. A hostname alone is not enough: containers and cloned machines repeat them.
+// Ranks with the same identity share memory, see each other's process ids and share a network
+// stack (see Note [Hosts]); "" means this rank cannot tell. A hostname alone is not enough:
+// containers and cloned machines repeat them. The calling thread's namespaces, not the process's:
+// a thread may have entered another network namespace (setns), and its sockets live there.
 std::string host_identity() {
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) return "";
   const std::string boot = read_line("/proc/sys/kernel/random/boot_id");
-  std::error_code ipc_error, pid_error;
-  const auto ipc = std::filesystem::read_symlink("/proc/self/ns/ipc", ipc_error);
-  const auto pid = std::filesystem::read_symlink("/proc/self/ns/pid", pid_error);
-  if (boot.empty() || ipc_error || pid_error) return "";
-  return std::string(host) + " " + boot + " " + ipc.string() + " " + pid.string();
+  std::string identity = std::string(host) + " " + boot;
+  for (const char* ns : {"ipc", "pid", "net"}) {
+    std::error_code error;
+    const auto link = std::filesystem::read_symlink(std::string("/proc/thread-self/ns/") + ns, error);
+    if (error) return "";
+    identity += " " + link.string();
+  }
+  return boot.empty() ? "" : identity;
 }
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
@@ -81,18 +86,39 @@ std::string ShmSegment::map(const std::string& name, bool create) {
   return why;
 }
 
-std::unique_ptr<ShmSegment> ShmSegment::open(c10d::Store& store, int64_t rank, int64_t size, SharedMemory mode) {
-  if (size < 2) return nullptr;
+bool HostMap::shares_memory() const {
+  return all_want_shared_memory && host_of_rank.size() >= 2 &&
+         std::all_of(host_of_rank.begin(), host_of_rank.end(), [](int64_t h) { return h == 0; });
+}
+
+HostMap exchange_hosts(c10d::Store& store, int64_t rank, int64_t size, SharedMemory mode) {
   const char* env = std::getenv("LOCKSTEP_SHM");
   const bool wanted = mode == SharedMemory::kAuto && !(env != nullptr && std::string(env) == "0");
-  const auto key = [](const char* what, int64_t r) { return c10::str("lockstep/shm/", what, "/", r); };
-  // Every rank decides from the same values, so all take the same path.
-  store.set(key("host", rank), bytes(wanted ? host_identity() : ""));
-  std::vector<std::string> hosts;
-  for (int64_t r = 0; r < size; ++r) hosts.push_back(text(store.get(key("host", r))));
-  if (hosts[0].empty() || std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h != hosts[0]; }))
-    return nullptr;
+  const auto key = [](const char* what, int64_t r) { return c10::str("lockstep/host/", what, "/", r); };
+  HostMap map;
+  if (size == 1) {
+    map.host_of_rank = {0};
+    return map;
+  }
+  // Every rank decides from the same values, so all take the same path. A rank that cannot tell
+  // its identity is a host of its own.
+  const std::string mine = host_identity();
+  store.set(key("id", rank), bytes(mine.empty() ? "?" + std::to_string(rank) : mine));
+  store.set(key("shm", rank), bytes(wanted ? "1" : "0"));
+  std::vector<std::string> seen;
+  map.all_want_shared_memory = true;
+  for (int64_t r = 0; r < size; ++r) {
+    const std::string id = text(store.get(key("id", r)));
+    const auto at = std::find(seen.begin(), seen.end(), id);
+    map.host_of_rank.push_back(at - seen.begin());
+    if (at == seen.end()) seen.push_back(id);
+    map.all_want_shared_memory = text(store.get(key("shm", r))) == "1" && map.all_want_shared_memory;
+  }
+  return map;
+}
 
+std::unique_ptr<ShmSegment> ShmSegment::open(c10d::Store& store, int64_t rank, int64_t size) {
+  const auto key = [](const char* what, int64_t r) { return c10::str("lockstep/shm/", what, "/", r); };
   std::unique_ptr<ShmSegment> segment(new ShmSegment(size));
   std::string name, why;
   if (rank == 0) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lockstep/dist/process_group.h"
 
@@ -34,6 +35,17 @@ struct alignas(kShmLine) ShmRankLine {
   int32_t pid;
 };
 
+// Where every rank of the group behind `store` runs (see Note [Hosts] in process_group.h), and
+// whether every rank wants shared memory (`mode`, and LOCKSTEP_SHM not 0). Collective: every rank
+// calls it once, when the group is made, and all get the same answer.
+struct HostMap {
+  std::vector<int64_t> host_of_rank;  // hosts numbered in the order of their lowest rank
+  bool all_want_shared_memory = false;
+  // Every rank on one host, and all of them want it: what ShmSegment::open needs.
+  bool shares_memory() const;
+};
+HostMap exchange_hosts(c10d::Store& store, int64_t rank, int64_t size, SharedMemory mode);
+
 // Layout: a control area (a line for the group, one per rank, so that ranks never write each
 // other's cache lines), then one slot of kSlotBytes per rank, then a result slot of that size.
 class ShmSegment {
@@ -41,11 +53,10 @@ class ShmSegment {
   // A tensor larger than a slot travels in chunks of it.
   static constexpr int64_t kSlotBytes = int64_t{2} << 20;
 
-  // Collective over the group behind `store` (every rank calls it once, when the group is made):
-  // nullptr on every rank unless all ranks asked for shared memory (mode, and LOCKSTEP_SHM not 0),
-  // run on this host in one IPC and PID namespace, and mapped the segment. When it returns on any
-  // rank, the segment's name is gone from /dev/shm: a crash leaves nothing behind.
-  static std::unique_ptr<ShmSegment> open(c10d::Store& store, int64_t rank, int64_t size, SharedMemory mode);
+  // Collective over the group behind `store`, whose ranks share memory (HostMap::shares_memory):
+  // nullptr on every rank unless all mapped the segment. When it returns on any rank, the segment's
+  // name is gone from /dev/shm: a crash leaves nothing behind.
+  static std::unique_ptr<ShmSegment> open(c10d::Store& store, int64_t rank, int64_t size);
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;

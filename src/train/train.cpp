@@ -49,8 +49,10 @@ TrainResult train(const TrainOptions& o) {
   if (o.deterministic()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
   std::unique_ptr<dist::ProcessGroup> group;
   if (world.world_size > 1)
-    group = dist::init_process_group(dist::InitOptions().timeout(
-        std::chrono::milliseconds(static_cast<int64_t>(std::llround(o.timeout() * 1000.0)))));
+    group = dist::init_process_group(
+        dist::InitOptions()
+            .timeout(std::chrono::milliseconds(static_cast<int64_t>(std::llround(o.timeout() * 1000.0))))
+            .allreduce(o.allreduce()));
   if (group && group->rank() == 0) report(o.trainer().reporter(), ReportKind::kInfo, "process group: " + group->describe());
 
   // See Note [Planning memory]: what the process holds before the data, and the data's share.

@@ -23,6 +23,16 @@ enum class ReduceOp { kSum, kMean, kMax, kMin };
 // LOCKSTEP_SHM=0.
 enum class SharedMemory { kAuto, kOff };
 
+// How sum and mean all-reduces of ranks on several hosts travel (see Note [Hierarchical
+// all-reduce] in src/dist/hierarchical_all_reduce.cpp). kFlat: one Gloo ring over every rank.
+// kHierarchical: reduce inside each host through shared memory, all-reduce one shard per local
+// rank across hosts over Gloo, gather inside the host (Horovod's and NCCL's tree of rings). kAuto:
+// hierarchical when the ranks span several hosts with the same number of ranks, at least two, on
+// each; flat otherwise.
+enum class AllReduceAlgorithm { kAuto, kFlat, kHierarchical };
+const std::vector<std::string>& all_reduce_algorithm_names();  // "auto", "flat", "hierarchical"
+
+class HierarchicalAllReduce;
 class ShmCollectives;
 
 struct InitOptions {
@@ -43,6 +53,9 @@ struct InitOptions {
   // LOCKSTEP_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME, else the address this host's name resolves to
   // (Gloo's default). A name this host does not have is refused before the rendezvous.
   TORCH_ARG(std::string, iface) = "";
+  // kAuto: LOCKSTEP_ALLREDUCE when set (auto, flat or hierarchical), else the topology decides.
+  // kHierarchical where the hosts hold different numbers of ranks is refused, naming them.
+  TORCH_ARG(AllReduceAlgorithm, allreduce) = AllReduceAlgorithm::kAuto;
 };
 
 // One process's membership in a group of ranks: the store, the c10d backend, and the collectives
@@ -70,6 +83,18 @@ class ProcessGroup {
   // tensors go through shared memory (see Note [Collectives through shared memory]); the same on
   // every rank. Nothing else changes with it.
   bool uses_shared_memory() const { return shm_ != nullptr; }
+
+  // Note [Hosts]: ranks share a host when they share memory and a network stack: the same
+  // hostname and boot, and the same IPC, PID and network namespaces (a container or a network
+  // namespace is a host of its own). Entry r is rank r's host, hosts numbered in the order of their
+  // lowest rank; the same on every rank.
+  const std::vector<int64_t>& host_of_rank() const { return host_of_rank_; }
+  int64_t hosts() const;
+  // kFlat or kHierarchical: what sum and mean all-reduces of contiguous CPU fp32, fp64 and fp16
+  // use (bf16, max and min always go flat).
+  AllReduceAlgorithm all_reduce_algorithm() const {
+    return hierarchical_ ? AllReduceAlgorithm::kHierarchical : AllReduceAlgorithm::kFlat;
+  }
 
   // In place, on every rank. kMean divides the sum by size().
   void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
@@ -122,8 +147,10 @@ class ProcessGroup {
   // group: every rank calls it for every subgroup, in the same order (the prefix counts the calls),
   // even for subgroups it is not in; those ranks get nullptr. Its collectives and their errors
   // name its own ranks and then the parent's ("rank 1 of 2 (ranks 1, 3 of the parent)"); the bytes
-  // it sends count in the parent's bytes_sent() too. It must not outlive this group.
-  std::unique_ptr<ProcessGroup> new_group(const std::vector<int64_t>& ranks);
+  // it sends count in the parent's bytes_sent() too. It must not outlive this group. `allreduce`:
+  // its own all-reduce algorithm, chosen from its ranks' hosts as InitOptions::allreduce is.
+  std::unique_ptr<ProcessGroup> new_group(const std::vector<int64_t>& ranks,
+                                          AllReduceAlgorithm allreduce = AllReduceAlgorithm::kFlat);
 
   // Waits for `work` within the group's timeout; failures name this rank, `what`, and the ranks
   // that stalled or died (see Note [Naming the rank that did not arrive]).
@@ -144,8 +171,13 @@ class ProcessGroup {
  private:
   void count_sent(double bytes) {
     bytes_sent_ += static_cast<int64_t>(bytes);
-    if (parent_ != nullptr) parent_->count_sent(bytes);
+    if (parent_ != nullptr && counts_in_parent_) parent_->count_sent(bytes);
   }
+  // Collective: builds the local and cross-host subgroups when `algorithm` (or kAuto's choice)
+  // is hierarchical. See Note [Hierarchical all-reduce].
+  void choose_all_reduce(AllReduceAlgorithm algorithm);
+  c10::intrusive_ptr<c10d::Work> start_all_reduce(torch::Tensor& tensor, ReduceOp op);
+  friend std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options);
   double ring_share() const { return static_cast<double>(size_ - 1) / static_cast<double>(size_); }
 
   // Which ranks are still alive after a failed collective, as a sentence for its error.
@@ -158,12 +190,15 @@ class ProcessGroup {
   int64_t size_;
   std::atomic<int64_t> bytes_sent_{0};
   ProcessGroup* parent_ = nullptr;  // a subgroup's (see Note [Subgroups])
+  bool counts_in_parent_ = true;    // false for a hierarchical all-reduce's own subgroups: the parent counts the ring
   std::string parent_ranks_;        // a subgroup's, for errors: " (ranks 1, 3 of the parent)"
   int64_t subgroups_made_ = 0;
   SharedMemory shared_memory_;
   std::vector<std::string> interfaces_;  // Gloo's, by name; empty: its default device
   std::string network_;                  // for describe()
-  std::unique_ptr<ShmCollectives> shm_;  // last: its worker stops before the rest goes
+  std::vector<int64_t> host_of_rank_;
+  std::unique_ptr<ShmCollectives> shm_;  // after the rest: its worker stops before the rest goes
+  std::unique_ptr<HierarchicalAllReduce> hierarchical_;  // last: its worker uses its subgroups and stops first
 };
 
 // Joins (or, on rank 0 with tcp:// and env://, hosts) the rendezvous and builds the backend.

@@ -11,6 +11,7 @@
 #include "lockstep/amp/opt_level.h"
 #include "lockstep/core/report.h"
 #include "lockstep/data/dataset.h"
+#include "lockstep/dist/process_group.h"
 #include "lockstep/models/norm_layer.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/parallel/strategy_registry.h"
@@ -75,6 +76,8 @@ struct TrainOptions {
 
   TORCH_ARG(int64_t, threads) = 0;                       // intra-op threads; 0: default_intra_op_threads()
   TORCH_ARG(double, timeout) = 300.0;                    // seconds the rendezvous and each collective may take
+  // Ranks on several hosts: how gradients cross them (see Note [Hierarchical all-reduce]).
+  TORCH_ARG(dist::AllReduceAlgorithm, allreduce) = dist::AllReduceAlgorithm::kAuto;
   TORCH_ARG(bool, deterministic) = false;                // LibTorch's deterministic algorithms only
   TORCH_ARG(std::string, init_weights) = "";             // state dict file to start from (lockstep or torch.save)
   // The model's BatchNorm layers normalise over the global batch of all ranks (SyncBatchNorm);

@@ -1,0 +1,61 @@
+#pragma once
+// `lockstep bench --collectives`: the time of each collective over the ranks of a process group,
+// for message sizes from bytes to hundreds of MiB, as nccl-tests reports it (time, algbw, busbw).
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "lockstep/dist/process_group.h"
+
+namespace lockstep::bench {
+
+// Note [Collective bandwidths]
+// For each collective, algorithm and size S (bytes of fp32, nccl-tests' "size": the buffer an
+// all-reduce or broadcast works on, the whole N x n input of a reduce-scatter, the whole output of
+// an all-gather): one untimed call, then `iterations` timed ones. Every rank starts each call
+// after a barrier; a call's time is the slowest rank's (a max all-reduce of the times after it),
+// and a row gives the median over the calls. algbw = S / time; busbw = algbw x 2(N-1)/N for an
+// all-reduce, x (N-1)/N for a reduce-scatter or an all-gather, x 1 for a broadcast: the rate
+// each rank's link runs at in a bandwidth-optimal algorithm, comparable across collectives and N.
+// Every all-reduce algorithm the group's hosts allow is measured (Note [Hierarchical
+// all-reduce]): flat always, hierarchical when every host holds the same number (>= 2) of ranks
+// and there are several hosts.
+struct CollectivesBenchOptions {
+  TORCH_ARG(int64_t, min_bytes) = int64_t{1} << 10;
+  TORCH_ARG(int64_t, max_bytes) = int64_t{256} << 20;
+  TORCH_ARG(int64_t, step_factor) = 4;  // each size is the previous one times this (nccl-tests' -f)
+  TORCH_ARG(int64_t, iterations) = 5;   // timed calls per size
+  TORCH_ARG(std::string, out) = "";     // rank 0 writes collectives.csv, .md and .svg here; "": nowhere
+
+ public:
+  // Throws c10::ValueError naming the bad value.
+  void validate() const;
+};
+
+struct CollectiveTiming {
+  std::string collective;  // all_reduce, reduce_scatter, all_gather, broadcast
+  std::string algorithm;   // flat or hierarchical (all_reduce); flat otherwise
+  int64_t bytes = 0;       // S, see Note [Collective bandwidths]
+  int64_t ranks = 0;
+  int64_t hosts = 0;
+  double seconds = 0.0;    // median of the calls
+  double algbw_gbps = 0.0; // GB/s (10^9 bytes)
+  double busbw_gbps = 0.0;
+};
+
+// Collective over `world`: every rank calls it, and every rank gets the same rows. `progress`
+// (rank 0 only; may be empty) receives one line per row as it is measured.
+std::vector<CollectiveTiming> run_collectives_bench(dist::ProcessGroup& world, const CollectivesBenchOptions& options,
+                                                    const std::function<void(const std::string&)>& progress = {});
+
+// The rows as CSV (a header, then one line per row) and as a Markdown table.
+std::string collectives_csv(const std::vector<CollectiveTiming>& rows);
+std::string collectives_markdown(const std::vector<CollectiveTiming>& rows);
+// busbw against size (log2 x axis), one line per collective and algorithm.
+std::string collectives_chart_svg(const std::vector<CollectiveTiming>& rows);
+
+}  // namespace lockstep::bench

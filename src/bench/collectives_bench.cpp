@@ -1,0 +1,166 @@
+// See Note [Collective bandwidths].
+#include "lockstep/bench/collectives_bench.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "lockstep/core/atomic_file.h"
+#include "lockstep/log/svg_chart.h"
+
+namespace lockstep::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One call of `collective` on `group` with fp32 buffers of `bytes` (Note [Collective bandwidths]).
+struct Call {
+  std::function<void()> run;
+  double bus_factor;
+};
+
+Call make_call(dist::ProcessGroup& group, const std::string& collective, int64_t bytes) {
+  const int64_t n = group.size(), numel = std::max<int64_t>(1, bytes / 4);
+  const double ring = static_cast<double>(n - 1) / static_cast<double>(n);
+  if (collective == "all_reduce") {
+    auto t = std::make_shared<torch::Tensor>(torch::ones({numel}));
+    return {[&group, t] { group.all_reduce(*t); }, 2.0 * ring};
+  }
+  if (collective == "broadcast") {
+    auto t = std::make_shared<torch::Tensor>(torch::ones({numel}));
+    return {[&group, t] { group.broadcast(*t, 0); }, 1.0};
+  }
+  const int64_t part = std::max<int64_t>(1, numel / n);  // S rounded down to N equal parts
+  auto whole = std::make_shared<torch::Tensor>(torch::ones({part * n}));
+  auto mine = std::make_shared<torch::Tensor>(torch::ones({part}));
+  if (collective == "reduce_scatter") return {[&group, whole, mine] { group.reduce_scatter(*mine, *whole); }, ring};
+  return {[&group, whole, mine] { group.all_gather_into(*whole, *mine); }, ring};
+}
+
+// The slowest rank's seconds for one call, the same on every rank.
+double timed(dist::ProcessGroup& group, const std::function<void()>& run) {
+  group.barrier();
+  const auto start = Clock::now();
+  run();
+  torch::Tensor took = torch::tensor({std::chrono::duration<double>(Clock::now() - start).count()}, torch::kDouble);
+  group.all_reduce(took, dist::ReduceOp::kMax);
+  return took.item<double>();
+}
+
+std::string fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*f", digits, value);
+  return text;
+}
+
+std::string size_name(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 20)) return c10::str(bytes >> 20, " MiB");
+  if (bytes >= (int64_t{1} << 10)) return c10::str(bytes >> 10, " KiB");
+  return c10::str(bytes, " B");
+}
+
+}  // namespace
+
+void CollectivesBenchOptions::validate() const {
+  TORCH_CHECK_VALUE(min_bytes() >= 4, "collectives bench: min_bytes ", min_bytes(), " is under one fp32 (4 bytes)");
+  TORCH_CHECK_VALUE(max_bytes() >= min_bytes(), "collectives bench: max_bytes ", max_bytes(), " is under min_bytes ",
+                    min_bytes());
+  TORCH_CHECK_VALUE(step_factor() >= 2, "collectives bench: step_factor ", step_factor(), " must be at least 2");
+  TORCH_CHECK_VALUE(iterations() >= 1, "collectives bench: iterations ", iterations(), " must be at least 1");
+}
+
+std::vector<CollectiveTiming> run_collectives_bench(dist::ProcessGroup& world, const CollectivesBenchOptions& options,
+                                                    const std::function<void(const std::string&)>& progress) {
+  options.validate();
+  std::vector<int64_t> everyone(static_cast<size_t>(world.size()));
+  for (int64_t r = 0; r < world.size(); ++r) everyone[r] = r;
+  // One group per all-reduce algorithm the topology allows; the flat one serves the others.
+  std::vector<std::pair<std::string, std::unique_ptr<dist::ProcessGroup>>> groups;
+  groups.emplace_back("flat", world.new_group(everyone, dist::AllReduceAlgorithm::kFlat));
+  auto hierarchical = world.new_group(everyone, dist::AllReduceAlgorithm::kAuto);
+  if (hierarchical->all_reduce_algorithm() == dist::AllReduceAlgorithm::kHierarchical)
+    groups.emplace_back("hierarchical", std::move(hierarchical));
+
+  std::vector<CollectiveTiming> rows;
+  for (int64_t bytes = options.min_bytes(); bytes <= options.max_bytes(); bytes *= options.step_factor()) {
+    for (const std::string collective : {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}) {
+      for (auto& [algorithm, group] : groups) {
+        if (algorithm != "flat" && collective != "all_reduce") continue;
+        Call call = make_call(*group, collective, bytes);
+        call.run();  // warm-up: connections, pages, the shared-memory slots
+        std::vector<double> seconds;
+        for (int64_t i = 0; i < options.iterations(); ++i) seconds.push_back(timed(*group, call.run));
+        std::sort(seconds.begin(), seconds.end());
+        CollectiveTiming row;
+        row.collective = collective;
+        row.algorithm = algorithm;
+        row.bytes = bytes;
+        row.ranks = world.size();
+        row.hosts = world.hosts();
+        row.seconds = seconds[seconds.size() / 2];
+        row.algbw_gbps = static_cast<double>(bytes) / row.seconds / 1e9;
+        row.busbw_gbps = row.algbw_gbps * call.bus_factor;
+        rows.push_back(row);
+        if (progress && world.rank() == 0)
+          progress(c10::str(collective, " ", algorithm, " ", size_name(bytes), ": ", fixed(row.seconds * 1e3, 3),
+                            " ms, algbw ", fixed(row.algbw_gbps, 3), " GB/s, busbw ", fixed(row.busbw_gbps, 3), " GB/s"));
+      }
+    }
+  }
+  if (!options.out().empty() && world.rank() == 0) {
+    const auto write = [&](const std::string& name, const std::string& text) {
+      write_file_atomic(options.out() + "/" + name, std::vector<char>(text.begin(), text.end()));
+    };
+    write("collectives.csv", collectives_csv(rows));
+    write("collectives.md", collectives_markdown(rows));
+    write("collectives.svg", collectives_chart_svg(rows));
+  }
+  return rows;
+}
+
+std::string collectives_csv(const std::vector<CollectiveTiming>& rows) {
+  std::string out = "collective,algorithm,bytes,ranks,hosts,time_us,algbw_gbps,busbw_gbps\n";
+  for (const auto& r : rows)
+    out += c10::str(r.collective, ",", r.algorithm, ",", r.bytes, ",", r.ranks, ",", r.hosts, ",",
+                    fixed(r.seconds * 1e6, 1), ",", fixed(r.algbw_gbps, 4), ",", fixed(r.busbw_gbps, 4), "\n");
+  return out;
+}
+
+std::string collectives_markdown(const std::vector<CollectiveTiming>& rows) {
+  std::string out = "| collective | algorithm | size | time (us) | algbw (GB/s) | busbw (GB/s) |\n"
+                    "|------------|-----------|-----:|----------:|-------------:|-------------:|\n";
+  for (const auto& r : rows)
+    out += c10::str("| ", r.collective, " | ", r.algorithm, " | ", size_name(r.bytes), " | ", fixed(r.seconds * 1e6, 1),
+                    " | ", fixed(r.algbw_gbps, 3), " | ", fixed(r.busbw_gbps, 3), " |\n");
+  return out;
+}
+
+std::string collectives_chart_svg(const std::vector<CollectiveTiming>& rows) {
+  std::map<std::string, log::LineSeries> lines;  // by "collective (algorithm)"
+  std::string where;
+  for (const auto& r : rows) {
+    const std::string name = r.collective + (r.collective == "all_reduce" ? " (" + r.algorithm + ")" : "");
+    log::LineSeries& s = lines[name];
+    s.name = name;
+    s.x.push_back(std::log2(static_cast<double>(r.bytes)));
+    s.y.push_back(r.busbw_gbps);
+    where = c10::str(r.ranks, " ranks on ", r.hosts, r.hosts == 1 ? " host" : " hosts");
+  }
+  std::vector<log::LineSeries> series;
+  for (auto& [name, s] : lines) series.push_back(std::move(s));
+  return log::line_chart_svg(log::LineChartOptions()
+                                 .title("Bus bandwidth by message size, " + where)
+                                 .x_label("size, log2 bytes (10: 1 KiB, 20: 1 MiB, 28: 256 MiB)")
+                                 .y_label("busbw (GB/s)")
+                                 .y_from_zero(true)
+                                 .integer_x(true)
+                                 .width(720)
+                                 .height(360),
+                             series);
+}
+
+}  // namespace lockstep::bench
