@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "lockstep/core/process.h"
 #include "lockstep/train/memory_plan.h"
+#include "plan_time.h"
 #include "train_flags.h"
 
 namespace lockstep::cli {
@@ -68,7 +69,9 @@ void print_text(const train::MemoryPlan& plan, const train::MemoryLimit& limit, 
 }  // namespace
 
 Command add_plan_command(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("plan", "Predict each rank's peak memory for a training run, before launching it");
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Predict each rank's peak memory for a training run, before launching it; or (--nodes, --collectives) "
+              "its step time at many hosts");
   cmd->option_defaults()->always_capture_default();
   auto o = std::make_shared<train::TrainOptions>();
   auto p = std::make_shared<train::MemoryPlanOptions>();
@@ -78,7 +81,10 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--nproc-per-node", p->local_ranks(), "Ranks on this host, sharing its memory (0: --world-size)")
       ->check(non_negative_count())->capture_default_str();
   cmd->add_flag("--json", *json, "Print the plan as one JSON object");
-  return {cmd, [o, p, json] {
+  auto time = std::make_shared<TimePlanFlags>();
+  add_time_plan_options(cmd, time);
+  return {cmd, [o, p, json, time] {
+            if (wants_time_plan(*time)) return run_time_plan(*time);
             const train::MemoryPlan plan = train::plan_memory(*o, *p);
             const int64_t local = p->local_ranks() > 0 ? p->local_ranks() : p->world_size();
             const train::MemoryLimit limit = train::available_memory(train::MemoryLimitOptions().local_ranks(local));

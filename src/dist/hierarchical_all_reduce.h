@@ -46,6 +46,8 @@ class HierarchicalAllReduce {
   void work_loop();
   void run(const torch::Tensor& tensor);
 
+  static constexpr int64_t kPieceBytes = int64_t{2} << 20;  // see Note [Hierarchical all-reduce]
+
   std::unique_ptr<ProcessGroup> local_;
   std::unique_ptr<ProcessGroup> cross_;
   std::chrono::milliseconds timeout_;

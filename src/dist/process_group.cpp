@@ -171,14 +171,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(torch::Tensor& ten
   return start_all_reduce(tensor, ReduceOp::kSum);
 }
 
-void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
+void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) { wait(broadcast_async(tensor, root), "broadcast"); }
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast_async(torch::Tensor& tensor, int64_t root) {
   TORCH_CHECK_VALUE(root >= 0 && root < size_, "broadcast root ", root, " is not a rank of a group of ", size_);
-  std::vector<torch::Tensor> ts{as_wire_words(tensor)};
   count_sent(ring_share() * static_cast<double>(tensor.nbytes()));
+  // See Note [Collectives through shared memory].
+  if (shm_ && ShmCollectives::accepts_broadcast(tensor)) return shm_->broadcast(tensor, root);
+  std::vector<torch::Tensor> ts{as_wire_words(tensor)};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  const bool shm = shm_ && ShmCollectives::accepts_broadcast(tensor);  // See Note [Collectives through shared memory].
-  wait(shm ? shm_->broadcast(tensor, root) : backend_->broadcast(ts, o), "broadcast");
+  return backend_->broadcast(ts, o);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::all_gather_async(const torch::Tensor& tensor,

@@ -104,6 +104,8 @@ class ProcessGroup {
   // Starts an all-gather of `tensor` into `out` (size() tensors shaped like it); wait() on the result.
   c10::intrusive_ptr<c10d::Work> all_gather_async(const torch::Tensor& tensor, std::vector<torch::Tensor>& out);
   void broadcast(torch::Tensor& tensor, int64_t root = 0);
+  // Starts the broadcast and returns at once; wait() on the result (keep `tensor` alive until then).
+  c10::intrusive_ptr<c10d::Work> broadcast_async(torch::Tensor& tensor, int64_t root = 0);
   // size() tensors, entry r holding rank r's `tensor` (same shape and dtype on every rank).
   std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor);
   // Note [Reduce-scatter and flat all-gather on Gloo]: Gloo has neither reduce_scatter nor

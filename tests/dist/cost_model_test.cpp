@@ -1,0 +1,78 @@
+// Note [The alpha-beta model] and Note [A step's exposed communication], by hand-worked numbers.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "lockstep/dist/cost_model.h"
+
+namespace lockstep::dist {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(CostModel, LinksParseFromRateAndLatency) {
+  const LinkCost fast = LinkCost::parse("100Gbit/5us");
+  EXPECT_DOUBLE_EQ(fast.alpha, 5e-6);
+  EXPECT_DOUBLE_EQ(fast.beta, 8.0 / 100e9);
+  const LinkCost slow = LinkCost::parse("1gbit/0.25ms");
+  EXPECT_DOUBLE_EQ(slow.alpha, 2.5e-4);
+  EXPECT_DOUBLE_EQ(slow.beta, 8e-9);
+  EXPECT_THAT(fast.describe(), HasSubstr("alpha 5.0 us, beta 0.0800 ns/B (12.500 GB/s)"));
+  EXPECT_THAT([] { LinkCost::parse("100Gbit"); },
+              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("link '100Gbit' has no '/': give RATE/LATENCY")));
+  EXPECT_THAT([] { LinkCost::parse("fast/5us"); },
+              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("rate 'fast' is not a positive number of bit/s")));
+  EXPECT_THAT([] { LinkCost::parse("1Gbit/5 parsecs"); },
+              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("latency '5 parsecs' is not a positive time")));
+}
+
+TEST(CostModel, AllReduceTimesFollowTheRingAndHierarchicalFormulas) {
+  CollectiveCosts c;
+  c.link = LinkCost{1e-4, 8e-9};  // 1 Gbit/s, 100 us
+  c.host = LinkCost{2e-5, 5e-10};
+  const int64_t s = int64_t{64} << 20;
+  const double sd = static_cast<double>(s);
+  EXPECT_EQ(c.all_reduce_seconds(s, {1, 1}, AllReduceAlgorithm::kFlat), 0.0);
+  EXPECT_DOUBLE_EQ(c.all_reduce_seconds(s, {1, 2}, AllReduceAlgorithm::kHierarchical), 2e-5 + sd * 5e-10);
+  // 2 hosts x 2 ranks, flat: a ring of 4, 6 steps, 1.5 S over each link.
+  EXPECT_DOUBLE_EQ(c.all_reduce_seconds(s, {2, 2}, AllReduceAlgorithm::kFlat), 6e-4 + 1.5 * sd * 8e-9);
+  // hierarchical: 2 steps, S over each link, and the first piece's sum and the last one's gather.
+  const double piece = 2e-5 + 2.0 * (1 << 20) * 5e-10;
+  EXPECT_DOUBLE_EQ(c.all_reduce_seconds(s, {2, 2}, AllReduceAlgorithm::kHierarchical),
+                   2e-4 + sd * 8e-9 + 2.0 * piece);
+  // One rank per host: hierarchical is the flat ring.
+  EXPECT_EQ(c.all_reduce_seconds(s, {3, 1}, AllReduceAlgorithm::kHierarchical),
+            c.all_reduce_seconds(s, {3, 1}, AllReduceAlgorithm::kFlat));
+}
+
+TEST(CostModel, TheFitRecoversALineAndRefusesOneSize) {
+  const std::vector<double> bytes{1e3, 1e5, 1e7, 1e8};
+  std::vector<double> seconds;
+  for (double b : bytes) seconds.push_back(3e-4 + b * 7e-9);
+  const LinkCost fit = fit_line(bytes, seconds);
+  EXPECT_NEAR(fit.alpha, 3e-4, 1e-12);
+  EXPECT_NEAR(fit.beta, 7e-9, 1e-18);
+  EXPECT_THAT([] { fit_line({1e3, 1e3}, {1.0, 2.0}); },
+              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("needs at least two distinct sizes")));
+}
+
+TEST(CostModel, BucketsOverlapBackwardAndOnlyTheRestIsExposed) {
+  CollectiveCosts c;
+  c.link = LinkCost{0.0, 1e-9};  // 1 ns per byte: a 2-host x 1-rank ring takes S ns
+  StepShape step;
+  step.forward_s = 0.010;
+  step.backward_s = 0.020;
+  step.optimizer_s = 0.005;
+  step.gradient_bytes = 4'000'000;
+  step.first_bucket_bytes = 1'000'000;
+  step.bucket_bytes = 3'000'000;
+  // Bucket 1 (1 MB) is ready at 5 ms and takes 1 ms; bucket 2 (3 MB) is ready at 20 ms and takes 3 ms.
+  const StepPrediction p = predict_step(step, c, {2, 1}, AllReduceAlgorithm::kFlat);
+  EXPECT_NEAR(p.communication_s, 0.004, 1e-12);
+  EXPECT_NEAR(p.exposed_s, 0.003, 1e-12);
+  EXPECT_NEAR(p.step_s, 0.038, 1e-12);
+  step.backward_s = 0.001;  // communication longer than backward: it all queues up behind it
+  EXPECT_NEAR(predict_step(step, c, {2, 1}, AllReduceAlgorithm::kFlat).exposed_s, 0.004 - 0.001 + 0.00025, 1e-12);
+}
+
+}  // namespace
+}  // namespace lockstep::dist
