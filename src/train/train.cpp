@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <optional>
 
 #include "lockstep/core/heap.h"
 #include "lockstep/core/names.h"
@@ -55,9 +56,13 @@ TrainResult train(const TrainOptions& o) {
 
   // See Note [Planning memory]: what the process holds before the data, and the data's share.
   const bool plan = !o.ignore_memory_plan() && !o.sync_bn();  // the dry run has no group to sync over
+  std::optional<SingleThreadGuard> one_thread;  // the check's small steps: See Note [Refusing fast]
+  if (plan) one_thread.emplace();
   const int64_t before_data = plan ? warm_up() : 0;
+  one_thread.reset();
   ReferenceData data = o.text() ? make_text_data(o) : make_image_data(o);
   if (plan) {
+    const SingleThreadGuard check_thread;
     ProcessMemory process;
     process.data = std::max<int64_t>(0, resident_bytes() - before_data);
     const int64_t local_ranks = std::max<int64_t>(1, env_int("LOCAL_WORLD_SIZE").value_or(1));
