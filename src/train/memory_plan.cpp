@@ -363,6 +363,7 @@ MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, con
 MemoryPlan plan_model_states(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
                              ProcessMemory& process) {
   p.validate();
+  const GeneratorStateGuard generator;  // the layout's model draws its initial weights
   malloc_trim(0);  // the heap's free pages would not count in a planned baseline either
   ProcessMemory now;
   now.baseline = resident_bytes() - (process.layout ? layout_bytes(*process.layout) : 0);  // its code, its data

@@ -48,7 +48,10 @@ std::string early_refusal(const TrainOptions& o, const MemoryPlanOptions& p, con
   if (level != amp::OptLevel::kO0 && level != amp::OptLevel::kO1) return "";
   const MemoryPlan states = plan_model_states(o, p, data, process);
   const RankMemory& worst = states.largest();
-  if (worst.peak() <= limit.bytes) return "";
+  if (worst.peak() <= limit.bytes) {
+    process.layout.reset();  // not held through the dry run, whose peak it would raise
+    return "";
+  }
   std::vector<std::string> smaller;
   TrainOptions a = o;
   for (parallel::StrategyKind kind : alternative_strategies(o, p.world_size(), false)) {
