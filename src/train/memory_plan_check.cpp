@@ -41,7 +41,17 @@ std::vector<parallel::StrategyKind> alternative_strategies(const TrainOptions& o
 //   they reuse the run's dry run (ProcessMemory::probes). Two ranks' five alternative strategies
 //   and checkpointing made up to ten dry runs; they now make at most four (with and without
 //   checkpointing, for data parallel and for the pipeline's replicas).
-// For fp32 and O1 only: O2 and O3 convert the weights, which the lower bound does not model.
+// - The check's small steps run on one intra-op thread (SingleThreadGuard): with two, the idle
+//   OpenMP thread spins in libgomp (45% of a refused run's CPU samples under perf) against a loaded
+//   host; mlp-wide's check took 3.0-3.2 s with two and 1.3 s with one at load 6. One thread lowers
+//   the planned peak by about 1 MiB (0.4%): the second thread's stack and buffers.
+// - train() checks before it makes its process group, so a refused rank does not first wait for
+//   its peers to meet and connect: two ranks under `lockstep run` were refused in 2.1 and 1.65 s
+//   (mlp-wide ddp, convnet zero2) instead of 3.1 and 1.7-2.9 s. The plan at launch then no longer
+//   counts the group's own memory (Gloo's pairs, the shared-memory segment: 7.4 MiB per rank on
+//   two ranks, the difference of the two orders' refusals), which `lockstep plan`, making no group,
+//   never counted either.
+// The lower bound is for fp32 and O1 only: O2 and O3 convert the weights, which it does not model.
 std::string early_refusal(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
                           ProcessMemory& process, const MemoryLimit& limit) {
   const amp::OptLevel level = o.resolved_opt_level();

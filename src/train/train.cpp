@@ -48,12 +48,6 @@ TrainResult train(const TrainOptions& o) {
   torch::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(o.trainer().seed());
   if (o.deterministic()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
-  std::unique_ptr<dist::ProcessGroup> group;
-  if (world.world_size > 1)
-    group = dist::init_process_group(dist::InitOptions().timeout(
-        std::chrono::milliseconds(static_cast<int64_t>(std::llround(o.timeout() * 1000.0)))));
-  if (group && group->rank() == 0) report(o.trainer().reporter(), ReportKind::kInfo, "process group: " + group->describe());
-
   // See Note [Planning memory]: what the process holds before the data, and the data's share.
   const bool plan = !o.ignore_memory_plan() && !o.sync_bn();  // the dry run has no group to sync over
   std::optional<SingleThreadGuard> one_thread;  // the check's small steps: See Note [Refusing fast]
@@ -69,6 +63,13 @@ TrainResult train(const TrainOptions& o) {
     check_memory_plan(o, MemoryPlanOptions().world_size(world.world_size).local_ranks(local_ranks), data, process,
                       available_memory(MemoryLimitOptions().local_ranks(local_ranks)));
   }
+  // After the check: a refused run does not wait for its peers to meet (Note [Refusing fast]).
+  std::unique_ptr<dist::ProcessGroup> group;
+  if (world.world_size > 1)
+    group = dist::init_process_group(dist::InitOptions().timeout(
+        std::chrono::milliseconds(static_cast<int64_t>(std::llround(o.timeout() * 1000.0)))));
+  if (group && group->rank() == 0) report(o.trainer().reporter(), ReportKind::kInfo, "process group: " + group->describe());
+
   // The weights are final before the strategy converts, broadcasts or shards them.
   auto model = data.make_model(group.get(), /*initial_weights=*/true);
   auto strategy_options = o.strategy_options(group.get());
