@@ -24,6 +24,24 @@ constexpr int64_t kShardBucketCapBytes = 25 * 1024 * 1024;
 
 int64_t shard_numel(int64_t numel, int64_t world) { return (numel + world - 1) / world; }
 
+// The largest gradient bucket, in bytes, of a flat buffer holding `numels` (in the layout's order)
+// padded to `padded` elements, by ShardReducer's rule (Note [Reducing gradients into shards]):
+// parameters in reverse order, the first bucket ending at the padding, a bucket closing once it
+// holds kShardBucketCapBytes or more. A bucket can exceed the cap by one parameter: mlp-wide's
+// fc1 and fc2 (12.25 and 16 MiB) make one 28.3 MiB bucket, not a 25 MiB one.
+int64_t largest_bucket_bytes(const std::vector<int64_t>& numels, int64_t padded) {
+  std::vector<int64_t> offsets(numels.size());
+  for (size_t i = 1; i < numels.size(); ++i) offsets[i] = offsets[i - 1] + numels[i - 1];
+  int64_t largest = 0, end = padded;
+  for (int64_t i = static_cast<int64_t>(numels.size()) - 1; i >= 0; --i) {
+    if ((end - offsets[i]) * 4 >= kShardBucketCapBytes || i == 0) {
+      largest = std::max(largest, (end - offsets[i]) * 4);
+      end = offsets[i];
+    }
+  }
+  return largest;
+}
+
 // The pipeline's stages, as PipelineStrategy counts them.
 int64_t pipeline_stages(const TrainOptions& o, int64_t world) {
   const parallel::PipelineOptions& p = o.trainer().strategy_options().pipeline();
@@ -96,11 +114,6 @@ struct Planner {
     return m;
   }
 
-  std::vector<std::vector<int64_t>> trainable_shapes() const {
-    std::vector<std::vector<int64_t>> shapes;
-    for (const auto& p : parallel::trainable_parameters(model)) shapes.push_back(p.tensor.sizes().vec());
-    return shapes;
-  }
   int64_t trainable_numel() const {
     int64_t n = 0;
     for (const auto& p : parallel::trainable_parameters(model)) n += p.tensor.numel();
@@ -113,7 +126,7 @@ struct Planner {
     m.masters = probe.masters;
     m.parameters = probe.local.param_bytes;
     m.gradients = probe.local.grad_bytes;
-    m.optimizer_state = optimizer_bytes(make_optimizer, trainable_shapes());
+    m.optimizer_state = probe.local.optim_bytes - probe.masters;  // the dry run's, over the same shapes
     if (kind == parallel::StrategyKind::kDdp) {
       m.buffers = probe.local.param_bytes - parallel::frozen_parameter_bytes(model);
       *grads_in_buffers = m.buffers;
@@ -132,7 +145,9 @@ struct Planner {
     // The collectives' own tensors (dist::ProcessGroup): reduce_scatter receives every rank's chunk
     // of its input and sums them into a shard-sized tensor; Gloo's all-gather of the parameters
     // fills a flat N x S output before copying it out. Stage 2 also stages one bucket at a time.
-    const int64_t bucket = stage1 ? s * world * 4 : std::min(s * world * 4, kShardBucketCapBytes);
+    std::vector<int64_t> numels;
+    for (const auto& p : parallel::trainable_parameters(model)) numels.push_back(p.tensor.numel());
+    const int64_t bucket = stage1 ? s * world * 4 : largest_bucket_bytes(numels, s * world);
     m.buffers = (stage1 ? 0 : bucket) + bucket + bucket / world + s * world * 4;
   }
 
@@ -141,12 +156,17 @@ struct Planner {
   void fsdp(RankMemory& m, int64_t r) const {
     const auto plans = parallel::plan_units(model, model.blocks(), o.trainer().strategy_options().fsdp().min_params(), r);
     std::vector<std::vector<int64_t>> shards;
-    int64_t largest = 0, gathered = 0;
+    int64_t largest = 0, gathered = 0, bucket = 0;
     for (const auto& plan : plans) {
       if (plan.params.empty()) continue;
       int64_t n = 0;
-      for (const auto& p : plan.params) n += p.tensor.numel();
+      std::vector<int64_t> numels;
+      for (const auto& p : plan.params) {
+        n += p.tensor.numel();
+        numels.push_back(p.tensor.numel());
+      }
       const int64_t s = shard_numel(n, world);
+      bucket = std::max(bucket, largest_bucket_bytes(numels, s * world));
       shards.push_back({s});
       m.parameters += s * 4;
       m.gradients += s * 4;
@@ -157,7 +177,6 @@ struct Planner {
     m.optimizer_state = optimizer_bytes(make_optimizer, shards);
     // A bucket's staging and what reduce_scatter receives for it, and Gloo's flat output of the
     // largest unit's all-gather (see zero()).
-    const int64_t bucket = std::min(largest, kShardBucketCapBytes);
     m.buffers = 2 * bucket + bucket / world + largest;
     if (!o.trainer().strategy_options().fsdp().reshard_after_forward()) m.buffers += gathered - largest;
   }
@@ -188,6 +207,14 @@ struct Planner {
     *activation_scale = share * static_cast<double>(in_flight);
   }
 };
+
+// The bytes a layout model's parameters and buffers hold (fp32, as built).
+int64_t layout_bytes(const torch::nn::Module& model) {
+  int64_t bytes = 0;
+  for (const torch::Tensor& t : model.parameters()) bytes += parallel::tensor_bytes(t);
+  for (const torch::Tensor& t : model.buffers()) bytes += parallel::tensor_bytes(t);
+  return bytes;
+}
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
 
@@ -289,6 +316,9 @@ std::string MemoryPlan::table() const {
   return out;
 }
 
+SingleThreadGuard::SingleThreadGuard() : threads_(at::get_num_threads()) { at::set_num_threads(1); }
+SingleThreadGuard::~SingleThreadGuard() { at::set_num_threads(threads_); }
+
 int64_t warm_up() {
   // No random numbers: the CPU generator is the run's (see GeneratorStateGuard).
   torch::Tensor x = torch::linspace(-1, 1, 2 * 3 * 16 * 16).view({2, 3, 16, 16}).requires_grad_();
@@ -308,23 +338,56 @@ MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, con
   const int64_t eval_rows = data.test && p.evaluation() ? data.eval_batch_size : 0;
   // Evaluation runs the model plainly under any strategy and checkpointing: measured once.
   const bool pipeline = o.resolved_strategy(p.world_size()) == parallel::StrategyKind::kPipeline;
-  MemoryProbe probe = probe_memory(data, o, replicas, p.probe_rows(), process.eval < 0 ? eval_rows : 0, pipeline);
+  const auto key = std::make_tuple(o.trainer().checkpoint_activations(), replicas, pipeline);
+  auto cached = process.probes.find(key);
+  if (cached == process.probes.end())
+    cached = process.probes
+                 .emplace(key, probe_memory(data, o, replicas, p.probe_rows(), process.eval < 0 ? eval_rows : 0, pipeline))
+                 .first;  // See Note [Refusing fast]
+  MemoryProbe probe = cached->second;
   if (process.eval < 0) process.eval = probe.eval_bytes;
   probe.eval_bytes = process.eval;
   if (process.baseline == 0) {
     // See Note [Planning memory]: the code and kernels the steps touched count; the heap the dry
-    // run freed goes back first, so what remains is the process and its data.
+    // run freed goes back first, so what remains is the process and its data (and the layout's
+    // model, when the check's lower bound built it already: its weights are no baseline).
     malloc_trim(0);
-    process.baseline = std::max<int64_t>(0, resident_bytes() - process.data);
+    const int64_t layout = process.layout ? layout_bytes(*process.layout) : 0;
+    process.baseline = std::max<int64_t>(0, resident_bytes() - process.data - layout);
   }
-  auto model = data.make_model(nullptr, /*initial_weights=*/false);
-  return plan_from_probe(o, p, probe, *model, process, eval_rows);
+  if (!process.layout) process.layout = data.make_model(nullptr, /*initial_weights=*/false);
+  return plan_from_probe(o, p, probe, *process.layout, process, eval_rows);
+}
+
+// See Note [Refusing fast].
+MemoryPlan plan_model_states(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
+                             ProcessMemory& process) {
+  p.validate();
+  const GeneratorStateGuard generator;  // the layout's model draws its initial weights
+  malloc_trim(0);  // the heap's free pages would not count in a planned baseline either
+  ProcessMemory now;
+  now.baseline = resident_bytes() - (process.layout ? layout_bytes(*process.layout) : 0);  // its code, its data
+  if (!process.layout) process.layout = data.make_model(nullptr, /*initial_weights=*/false);
+  models::Classifier& model = *process.layout;
+  MemoryProbe states;  // no activations, no evaluation: a replica's fp32 weights, gradients and state
+  states.peak_rows = o.trainer().batch_size();
+  std::vector<std::vector<int64_t>> shapes;
+  for (const torch::Tensor& t : model.parameters()) {
+    states.local.param_bytes += parallel::tensor_bytes(t);
+    if (!t.requires_grad()) continue;
+    states.local.grad_bytes += parallel::tensor_bytes(t);
+    shapes.push_back(t.sizes().vec());
+  }
+  states.local.optim_bytes = optimizer_bytes(o.strategy_options(nullptr).optimizer(), shapes);
+  states.block_shares.assign(model.blocks().size(), 0.0);
+  return plan_from_probe(o, p, states, model, now, 0);
 }
 
 // See Note [Planning memory].
 MemoryPlan plan_memory(const TrainOptions& o, const MemoryPlanOptions& p) {
   o.validate();
   p.validate();
+  const SingleThreadGuard one_thread;  // See Note [Refusing fast]
   TrainOptions planned = o;
   planned.sync_bn(false);  // SyncBatchNorm holds what BatchNorm holds; the dry run has no group
   configure_heap();  // as train() does: See Note [Keeping freed memory for the next step]

@@ -29,6 +29,61 @@ std::vector<parallel::StrategyKind> alternative_strategies(const TrainOptions& o
   return kinds;
 }
 
+// Note [Refusing fast]
+// The check at launch must say no quickly (issue 34: under 2 s), and most of its time is the
+// process's own start (loading LibTorch: 0.4-1.4 s here, by load) and dry runs. So:
+// - A run whose model states alone do not fit is refused before any dry run: the process as it is
+//   (code, data; the heap's free pages returned) plus each rank's parameters, gradients, optimizer
+//   state and communication buffers in the strategy's layout is a lower bound on the plan's peak,
+//   since every other term adds. The alternatives are named with their lower bounds too.
+// - A refusal's alternatives differ from the run in their strategy (and checkpointing), and the
+//   dry run depends only on the model, its precision, checkpointing and the data a replica reads:
+//   they reuse the run's dry run (ProcessMemory::probes). Two ranks' five alternative strategies
+//   and checkpointing made up to ten dry runs; they now make at most four (with and without
+//   checkpointing, for data parallel and for the pipeline's replicas).
+// - The check's small steps run on one intra-op thread (SingleThreadGuard): with two, the idle
+//   OpenMP thread spins in libgomp (45% of a refused run's CPU samples under perf) against a loaded
+//   host; mlp-wide's check took 3.0-3.2 s with two and 1.3 s with one at load 6. One thread lowers
+//   the planned peak by about 1 MiB (0.4%): the second thread's stack and buffers.
+// - train() checks before it makes its process group, so a refused rank does not first wait for
+//   its peers to meet and connect: two ranks under `lockstep run` were refused in 2.1 and 1.65 s
+//   (mlp-wide ddp, convnet zero2) instead of 3.1 and 1.7-2.9 s. The plan at launch then no longer
+//   counts the group's own memory (Gloo's pairs, the shared-memory segment: 7.4 MiB per rank on
+//   two ranks, the difference of the two orders' refusals), which `lockstep plan`, making no group,
+//   never counted either.
+// The lower bound is for fp32 and O1 only: O2 and O3 convert the weights, which it does not model.
+std::string early_refusal(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
+                          ProcessMemory& process, const MemoryLimit& limit) {
+  const amp::OptLevel level = o.resolved_opt_level();
+  if (level != amp::OptLevel::kO0 && level != amp::OptLevel::kO1) return "";
+  const MemoryPlan states = plan_model_states(o, p, data, process);
+  const RankMemory& worst = states.largest();
+  if (worst.peak() <= limit.bytes) {
+    process.layout.reset();  // not held through the dry run, whose peak it would raise
+    return "";
+  }
+  std::vector<std::string> smaller;
+  TrainOptions a = o;
+  for (parallel::StrategyKind kind : alternative_strategies(o, p.world_size(), false)) {
+    a.trainer().strategy(kind);
+    try {
+      const MemoryPlan alternative = plan_model_states(a, p, data, process);
+      if (alternative.largest().peak() < worst.peak())
+        smaller.push_back(c10::str(alternative.strategy, " at least ", format_mib(alternative.largest().peak()), " MiB"));
+    } catch (const c10::ValueError&) {
+      // a strategy this model cannot take: not an option
+    }
+  }
+  return c10::str("rank ", worst.rank, " of ", states.world_size, " would need at least ", format_mib(worst.peak()),
+                  " MiB under ", states.strategy, " at ", states.opt_level, ", more than the ", format_mib(limit.bytes),
+                  " MiB it may use (", limit.source, "), before any activation: the process holds ",
+                  format_mib(worst.baseline), " MiB with its data, and the model states and buffers add ",
+                  format_mib(worst.peak() - worst.baseline), " MiB. Planned: ", rank_breakdown(worst), ". ",
+                  smaller.empty() ? std::string("No other strategy holds fewer model states per rank")
+                                  : "Per rank, before activations: " + c10::Join("; ", smaller),
+                  ". Set TrainOptions::ignore_memory_plan to train anyway.");
+}
+
 }  // namespace
 
 std::string memory_plan_refusal(const MemoryPlan& plan, const MemoryLimit& limit,
@@ -59,6 +114,14 @@ std::string memory_plan_refusal(const MemoryPlan& plan, const MemoryLimit& limit
 
 void check_memory_plan(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
                        ProcessMemory process, const MemoryLimit& limit) {
+  // See Note [Refusing fast].
+  std::string early;
+  try {
+    early = early_refusal(o, p, data, process, limit);
+  } catch (const std::exception&) {
+    return;  // see the declaration: the run's own setup reports it
+  }
+  TORCH_CHECK(early.empty(), early);
   MemoryPlan plan;
   try {
     plan = plan_with_data(o, p, data, process);

@@ -4,6 +4,9 @@
 // plan and its check on data train() has already built.
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "lockstep/parallel/strategy.h"
@@ -47,6 +50,33 @@ struct ProcessMemory {
   int64_t data = 0;      // resident growth while the data was built
   int64_t baseline = 0;  // resident after the first dry run, less `data`; 0: not measured yet
   int64_t eval = -1;     // MemoryProbe::eval_bytes of the first dry run; -1: not measured yet
+  // Dry runs made so far, by what decides one (activation checkpointing, data-parallel replicas,
+  // block shares measured): a refusal's alternatives differ from the run in their strategy, so
+  // most reuse the run's dry run instead of repeating it (see Note [Refusing fast]).
+  std::map<std::tuple<bool, int64_t, bool>, MemoryProbe> probes;
+  // A freshly built fp32 model whose layout the strategies' arithmetic reads; null: not built yet.
+  std::shared_ptr<models::Classifier> layout;
+};
+
+// A lower bound on the plan of `o`, made without a dry run (see Note [Refusing fast]): what the
+// process holds now (its code, its data) plus each rank's model states in the strategy's layout,
+// with no activations or evaluation. For opt levels that keep fp32
+// weights (O0, O1) only: O2 and O3 convert them.
+// Builds process.layout when it is null.
+MemoryPlan plan_model_states(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
+                             ProcessMemory& process);
+
+// Runs what is in its scope on one intra-op thread, then restores the count it found. The check
+// at launch and `lockstep plan` run under it (see Note [Refusing fast]).
+class SingleThreadGuard {
+ public:
+  SingleThreadGuard();
+  ~SingleThreadGuard();
+  SingleThreadGuard(const SingleThreadGuard&) = delete;
+  SingleThreadGuard& operator=(const SingleThreadGuard&) = delete;
+
+ private:
+  int threads_;
 };
 
 // One small forward and backward through a convolution and a linear layer, so that LibTorch,

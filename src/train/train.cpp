@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <optional>
 
 #include "lockstep/core/heap.h"
 #include "lockstep/core/names.h"
@@ -47,6 +48,22 @@ TrainResult train(const TrainOptions& o) {
   torch::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(o.trainer().seed());
   if (o.deterministic()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  // See Note [Planning memory]: what the process holds before the data, and the data's share.
+  const bool plan = !o.ignore_memory_plan() && !o.sync_bn();  // the dry run has no group to sync over
+  std::optional<SingleThreadGuard> one_thread;  // the check's small steps: See Note [Refusing fast]
+  if (plan) one_thread.emplace();
+  const int64_t before_data = plan ? warm_up() : 0;
+  one_thread.reset();
+  ReferenceData data = o.text() ? make_text_data(o) : make_image_data(o);
+  if (plan) {
+    const SingleThreadGuard check_thread;
+    ProcessMemory process;
+    process.data = std::max<int64_t>(0, resident_bytes() - before_data);
+    const int64_t local_ranks = std::max<int64_t>(1, env_int("LOCAL_WORLD_SIZE").value_or(1));
+    check_memory_plan(o, MemoryPlanOptions().world_size(world.world_size).local_ranks(local_ranks), data, process,
+                      available_memory(MemoryLimitOptions().local_ranks(local_ranks)));
+  }
+  // After the check: a refused run does not wait for its peers to meet (Note [Refusing fast]).
   std::unique_ptr<dist::ProcessGroup> group;
   if (world.world_size > 1)
     group = dist::init_process_group(
@@ -55,17 +72,6 @@ TrainResult train(const TrainOptions& o) {
             .allreduce(o.allreduce()));
   if (group && group->rank() == 0) report(o.trainer().reporter(), ReportKind::kInfo, "process group: " + group->describe());
 
-  // See Note [Planning memory]: what the process holds before the data, and the data's share.
-  const bool plan = !o.ignore_memory_plan() && !o.sync_bn();  // the dry run has no group to sync over
-  const int64_t before_data = plan ? warm_up() : 0;
-  ReferenceData data = o.text() ? make_text_data(o) : make_image_data(o);
-  if (plan) {
-    ProcessMemory process;
-    process.data = std::max<int64_t>(0, resident_bytes() - before_data);
-    const int64_t local_ranks = std::max<int64_t>(1, env_int("LOCAL_WORLD_SIZE").value_or(1));
-    check_memory_plan(o, MemoryPlanOptions().world_size(world.world_size).local_ranks(local_ranks), data, process,
-                      available_memory(MemoryLimitOptions().local_ranks(local_ranks)));
-  }
   // The weights are final before the strategy converts, broadcasts or shards them.
   auto model = data.make_model(group.get(), /*initial_weights=*/true);
   auto strategy_options = o.strategy_options(group.get());

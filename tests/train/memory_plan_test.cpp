@@ -12,13 +12,16 @@
 #include "lockstep/core/tensor_memory.h"
 #include "lockstep/models/zoo.h"
 #include "lockstep/parallel/local_strategy.h"
+#include "lockstep/parallel/shard_reducer.h"
 #include "lockstep/parallel/strategy_registry.h"
 #include "lockstep/train/memory_plan.h"
+#include "../../src/train/memory_probe.h"
 
 namespace lockstep {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 namespace fs = std::filesystem;
 
 train::TrainOptions synthetic_run(const std::string& model, parallel::StrategyKind kind, int64_t batch) {
@@ -144,6 +147,90 @@ TEST(MemoryPlan, RefusalNamesTheRankTheBreakdownTheLimitAndWhatFits) {
   EXPECT_THAT(refusal, HasSubstr(small.strategy + " needs " + train::format_mib(small.largest().peak()) + " MiB per rank"));
   EXPECT_THAT(refusal, HasSubstr("TrainOptions::ignore_memory_plan"));
   EXPECT_EQ(train::memory_plan_refusal(small, limit, {}), "");
+}
+
+// zero2 stages, reduce-scatters and all-gathers its buckets as ShardReducer closes them, which can
+// pass the 25 MiB cap: mlp-wide's fc1 and fc2 (12.25 and 16 MiB) make one 28.3 MiB bucket. The
+// plan's buffers are that bucket's staging, what reduce_scatter receives for it and its
+// shard-sized sum, and Gloo's flat all-gather output, with the bucket a real reducer reports.
+TEST(MemoryPlan, ZeroTwoPlansTheBucketsShardReducerCloses) {
+  const train::TrainOptions o = synthetic_run("mlp-wide", parallel::StrategyKind::kZero2, 16);
+  const train::MemoryPlan plan = train::plan_memory(o, train::MemoryPlanOptions().world_size(2).evaluation(false));
+  std::vector<int64_t> bucket(2), flat_bytes(2);
+  testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
+    auto model = models::make_model("mlp-wide");
+    const parallel::FlatParameters flat(*model, 2, rank);
+    const parallel::ShardReducer reducer(flat, torch::zeros({flat.shard_numel()}), group, 25 << 20, nullptr);
+    bucket[rank] = reducer.largest_bucket_bytes();
+    flat_bytes[rank] = flat.padded_numel() * 4;
+  });
+  for (int64_t r = 0; r < 2; ++r) {
+    EXPECT_GT(bucket[r], 25 << 20) << "rank " << r;
+    EXPECT_EQ(plan.ranks[r].buffers, 2 * bucket[r] + bucket[r] / 2 + flat_bytes[r]) << "rank " << r;
+  }
+}
+
+// See Note [Refusing fast]: without a dry run, each rank's model states and buffers are the full
+// plan's to the byte and its peak is no more than the full plan's, so a run refused on them alone
+// would be refused by the full plan too.
+TEST(MemoryPlan, ModelStatesAloneBoundTheFullPlanFromBelow) {
+  using parallel::StrategyKind;
+  for (StrategyKind kind : {StrategyKind::kLocal, StrategyKind::kDdp, StrategyKind::kZero1, StrategyKind::kZero2,
+                            StrategyKind::kFsdp, StrategyKind::kPipeline}) {
+    SCOPED_TRACE(parallel::to_string(kind));
+    train::TrainOptions o = synthetic_run("mlp", kind, 8);
+    o.optimizer().kind(optim::OptimizerKind::kAdam);
+    const int64_t world = kind == StrategyKind::kLocal ? 1 : 2;
+    const train::ReferenceData data = train::make_image_data(o);
+    train::ProcessMemory process;
+    const train::MemoryPlan full = train::plan_with_data(o, train::MemoryPlanOptions().world_size(world), data, process);
+    const train::MemoryPlan lower = train::plan_model_states(o, train::MemoryPlanOptions().world_size(world), data, process);
+    ASSERT_EQ(lower.ranks.size(), full.ranks.size());
+    for (size_t r = 0; r < full.ranks.size(); ++r) {
+      EXPECT_EQ(lower.ranks[r].parameters, full.ranks[r].parameters) << "rank " << r;
+      EXPECT_EQ(lower.ranks[r].gradients, full.ranks[r].gradients) << "rank " << r;
+      EXPECT_EQ(lower.ranks[r].optimizer_state, full.ranks[r].optimizer_state) << "rank " << r;
+      EXPECT_EQ(lower.ranks[r].buffers, full.ranks[r].buffers) << "rank " << r;
+      EXPECT_EQ(lower.ranks[r].activations, 0) << "rank " << r;
+      EXPECT_LE(lower.ranks[r].peak(), full.ranks[r].peak()) << "rank " << r;
+    }
+  }
+}
+
+// A limit below the model states is refused before any dry run, naming the lower bound and the
+// strategies that hold fewer states per rank (the pipeline's stage holds part of the model); a
+// limit between that bound and the full plan gets the full plan's refusal.
+TEST(MemoryPlan, ARunWhoseModelStatesDoNotFitIsRefusedBeforeItsDryRun) {
+  const train::TrainOptions o = synthetic_run("convnet", parallel::StrategyKind::kDdp, 32);
+  const auto p = train::MemoryPlanOptions().world_size(2);
+  const train::ReferenceData data = train::make_image_data(o);
+  const auto refusal = [&](int64_t bytes) {
+    try {
+      train::check_memory_plan(o, p, data, train::ProcessMemory(), train::MemoryLimit{bytes, "a test's limit"});
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string();
+  };
+  int64_t lower = 0, full = 0;
+  {  // the plans' layout model is freed before the check builds its own
+    train::ProcessMemory process;
+    // A first dry run touches the code and kernels the check's lower bound will then count in
+    // this long-lived process, as it does in `lockstep train` (lower bound first, then the plan).
+    train::plan_with_data(o, p, data, process);
+    lower = train::plan_model_states(o, p, data, process).largest().peak();
+    full = train::plan_with_data(o, p, data, process).largest().peak();
+  }
+  const std::string early = refusal(lower / 2);
+  EXPECT_THAT(early, HasSubstr("rank 0 of 2 would need at least"));
+  EXPECT_THAT(early, HasSubstr("before any activation"));
+  EXPECT_THAT(early, HasSubstr("a test's limit"));
+  EXPECT_THAT(early, HasSubstr("pipeline at least"));
+  ASSERT_LT(lower + (8 << 20), full);  // room between them
+  const std::string late = refusal((lower + full) / 2);
+  EXPECT_THAT(late, HasSubstr("rank 0 of 2 would need "));
+  EXPECT_THAT(late, Not(HasSubstr("at least")));
+  EXPECT_THAT(late, HasSubstr("at its peak"));
 }
 
 // A directory tree standing in for /proc and /sys/fs/cgroup.

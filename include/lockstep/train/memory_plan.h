@@ -30,13 +30,16 @@ namespace lockstep::train {
 //                ddp), the flat N x S buffer and its shards (zero1, zero2; Note [Flat
 //                parameters and shards]), the units' shards plus the largest gathered unit
 //                (fsdp), the stage's parameters (pipeline). The optimizer's state is measured by
-//                stepping the run's optimizer once over tensors of the rank's shapes. These equal
-//                what Strategy::memory() reports.
+//                stepping the run's optimizer once over tensors of the rank's shapes (a whole
+//                replica's: the dry run's own optimizer, which stepped those shapes already).
+//                These equal what Strategy::memory() reports.
 //   activations  see Note [Activations by a dry run].
 //   buffers      communication buffers outside those: ddp's gradient buckets (a copy of the
 //                gradients, PyTorch's layout); for zero1, zero2 and fsdp the collectives' own
 //                tensors (a reduce-scatter's received chunks and its sum, Gloo's flat output of
-//                the parameters' all-gather) and stage 2's and fsdp's bucket staging.
+//                the parameters' all-gather) and stage 2's and fsdp's bucket staging, each
+//                bucket as ShardReducer closes it (at the first parameter that takes it past
+//                the 25 MiB cap, so it can be larger than the cap).
 // The peak is the largest of three moments: the first step, when the optimizer's state is created
 // after backward (DeepSpeed users meet this as a spike at the first step); a steady step, when the
 // state exists and activations and gradients peak together at the end of backward; and the
@@ -47,6 +50,22 @@ namespace lockstep::train {
 // another batch size, nor the collectives' tensors of other sizes. So the terms add: a rank's
 // resident peak is the step's high water plus the evaluation's plus the collectives', not their
 // maximum.
+// What the plan still misses, measured (issue 34; glibc's statistics sampled every 5 ms through
+// the runs, docs/memory-plan.md "Where the rest goes"): the heap's free memory. With
+// configure_heap()'s thresholds every block up to 32 MiB comes from glibc's heap and stays there
+// when freed, and a freed block serves a later request only where one fits: steps that allocate
+// blocks of several sizes in changing order leave holes and grow the heap past the live high
+// water, step by step until it settles. Two ranks of mlp-wide under zero2: 129 MiB of the heap in
+// use at the step's peak, 196 MiB free beside it (the reduce-scatter bucket, the all-gather output
+// and the gradients, 12-28 MiB each); resnet18 on one rank: a 544 MiB heap with at most about
+// 310 MiB in use, and evaluation's 50 MiB blocks (200 rows, above the mmap threshold) mapped on
+// top. Gloo runs the all-gather on its own thread, whose glibc arena holds another 29-89 MiB.
+// That slack depends on the order of the allocations, not on their sizes alone, and is not
+// planned; a lower mmap threshold removes it (zero2 on mlp-wide: 341 MiB per rank at 4 MiB,
+// against 433-474 at 32) but pays for it in page faults every step (+60 ms of kernel time per
+// step and rank there, +14 ms on one rank of mlp-wide), which is what configure_heap() exists to
+// avoid; one glibc arena (M_ARENA_MAX=1) saved 20-36 MiB on ddp and zero2 and cost 14 MiB on the
+// pipeline, so the heap keeps glibc's arenas.
 
 // How a plan is made.
 struct MemoryPlanOptions {
