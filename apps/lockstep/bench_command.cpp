@@ -109,7 +109,7 @@ Command add_bench_command(CLI::App& app, const std::string& argv0, const std::st
       ->check(cli::positive_count())->group(coll);
   cmd->add_option("--step-factor", collectives->step_factor(), "Each size is the previous one times this (-f)")
       ->check(cli::positive_count())->group(coll);
-  cmd->add_option("--iterations", collectives->iterations(), "Timed calls per size; the median is reported (-n)")
+  cmd->add_option("--iterations", collectives->iterations(), "Timed samples per size; the median is reported (-n)")
       ->check(cli::positive_count())->group(coll);
   return {cmd, [cmd, o, matrix_file, sweep, sweep_flag, loader, loader_flag, collectives, collectives_flag, argv0,
                 command_line] {

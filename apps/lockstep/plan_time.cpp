@@ -8,7 +8,9 @@
 
 #include "checks.h"
 #include "lockstep/bench/scaling.h"
+#include "lockstep/core/atomic_file.h"
 #include "lockstep/log/run_record.h"
+#include "lockstep/log/svg_chart.h"
 
 namespace lockstep::cli {
 namespace {
@@ -71,13 +73,32 @@ int scaling(const TimePlanFlags& f) {
             << "| hosts | ranks | flat step (ms) | flat efficiency | hierarchical step (ms) | hierarchical efficiency | "
                "faster |\n|------:|------:|---------------:|----------------:|-----------------------:|"
                "------------------------:|--------|\n";
-  for (const auto& r : bench::predict_scaling(step, costs, f.ranks_per_node, f.nodes)) {
+  const auto rows = bench::predict_scaling(step, costs, f.ranks_per_node, f.nodes);
+  log::LineSeries flat{"flat", {}, {}}, hierarchical{"hierarchical", {}, {}};
+  for (const auto& r : rows) {
     const bool applies = r.shape.hosts >= 2 && r.shape.ranks_per_host >= 2;
     std::cout << "| " << r.shape.hosts << " | " << r.shape.ranks() << " | " << format("%.1f", r.flat.step_s * 1e3)
               << " | " << format("%.1f%%", r.efficiency(r.flat, alone) * 100) << " | "
               << (applies ? format("%.1f", r.hierarchical.step_s * 1e3) : "-") << " | "
               << (applies ? format("%.1f%%", r.efficiency(r.hierarchical, alone) * 100) : "-") << " | "
               << (applies && r.hierarchical_wins() ? "hierarchical" : "flat") << " |\n";
+    flat.x.push_back(std::log2(static_cast<double>(r.shape.ranks())));
+    flat.y.push_back(r.efficiency(r.flat, alone) * 100);
+    hierarchical.x.push_back(flat.x.back());
+    hierarchical.y.push_back(applies ? r.efficiency(r.hierarchical, alone) * 100 : NAN);
+  }
+  if (!f.svg.empty()) {
+    const std::string chart = log::line_chart_svg(
+        log::LineChartOptions()
+            .title("Predicted scaling efficiency, " + std::to_string(f.ranks_per_node) + " ranks per host, link " +
+                   f.link)
+            .x_label("ranks, log2 (3: 8, 6: 64, 10: 1024)")
+            .integer_x(true)
+            .y_label("efficiency (%)")
+            .y_from_zero(true),
+        {flat, hierarchical});
+    write_file_atomic(f.svg, std::vector<char>(chart.begin(), chart.end()));
+    std::cout << "wrote " << f.svg << "\n";
   }
   return 0;
 }
@@ -105,6 +126,8 @@ void add_time_plan_options(CLI::App* cmd, const std::shared_ptr<TimePlanFlags>& 
   cmd->add_option("--profile-log", f->profile_log,
                   "A one-rank run's --log-jsonl written with --profile: its forward, backward, optimizer and gradient "
                   "bytes")
+      ->group(group);
+  cmd->add_option("--svg", f->svg, "--nodes: also draw the efficiency of each all-reduce against the ranks here")
       ->group(group);
 }
 

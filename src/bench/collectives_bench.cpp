@@ -16,6 +16,7 @@ namespace lockstep::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr double kSampleSeconds = 0.1;  // see Note [Collective bandwidths]
 
 // One call of `collective` on `group` with fp32 buffers of `bytes` (Note [Collective bandwidths]).
 struct Call {
@@ -41,14 +42,15 @@ Call make_call(dist::ProcessGroup& group, const std::string& collective, int64_t
   return {[&group, whole, mine] { group.all_gather_into(*whole, *mine); }, ring};
 }
 
-// The slowest rank's seconds for one call, the same on every rank.
-double timed(dist::ProcessGroup& group, const std::function<void()>& run) {
+// The slowest rank's mean seconds per call over `calls` back to back, the same on every rank.
+double timed(dist::ProcessGroup& group, const std::function<void()>& run, int64_t calls) {
   group.barrier();
   const auto start = Clock::now();
-  run();
-  torch::Tensor took = torch::tensor({std::chrono::duration<double>(Clock::now() - start).count()}, torch::kDouble);
-  group.all_reduce(took, dist::ReduceOp::kMax);
-  return took.item<double>();
+  for (int64_t c = 0; c < calls; ++c) run();
+  const double took = std::chrono::duration<double>(Clock::now() - start).count() / static_cast<double>(calls);
+  torch::Tensor slowest = torch::tensor({took}, torch::kDouble);
+  group.all_reduce(slowest, dist::ReduceOp::kMax);
+  return slowest.item<double>();
 }
 
 std::string fixed(double value, int digits) {
@@ -91,9 +93,12 @@ std::vector<CollectiveTiming> run_collectives_bench(dist::ProcessGroup& world, c
       for (auto& [algorithm, group] : groups) {
         if (algorithm != "flat" && collective != "all_reduce") continue;
         Call call = make_call(*group, collective, bytes);
-        call.run();  // warm-up: connections, pages, the shared-memory slots
+        // Warm-up (connections, pages, the shared-memory slots) and a first estimate; then enough
+        // calls per sample that the ranks' skew leaving the barrier is under ~1% of it.
+        const double once = timed(*group, call.run, 1);
+        const int64_t calls = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(kSampleSeconds / once)), 1, 1000);
         std::vector<double> seconds;
-        for (int64_t i = 0; i < options.iterations(); ++i) seconds.push_back(timed(*group, call.run));
+        for (int64_t i = 0; i < options.iterations(); ++i) seconds.push_back(timed(*group, call.run, calls));
         std::sort(seconds.begin(), seconds.end());
         CollectiveTiming row;
         row.collective = collective;

@@ -51,11 +51,7 @@ HierarchicalAllReduce::HierarchicalAllReduce(std::unique_ptr<ProcessGroup> local
 }
 
 HierarchicalAllReduce::~HierarchicalAllReduce() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  queued_.notify_all();
+  jobs_.stop();
   worker_.join();
 }
 
@@ -76,25 +72,13 @@ c10::intrusive_ptr<c10d::Work> HierarchicalAllReduce::all_reduce(const torch::Te
   const auto deadline = std::chrono::steady_clock::now() + timeout_ * (2 + local_->size());
   Job job{tensor, c10::make_intrusive<QueuedWork>(static_cast<int>(local_->rank()), c10d::OpType::ALLREDUCE, deadline)};
   c10::intrusive_ptr<c10d::Work> work = job.work;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(std::move(job));
-  }
-  queued_.notify_one();
+  jobs_.push(std::move(job));
   return work;
 }
 
 void HierarchicalAllReduce::work_loop() {
   pthread_setname_np(pthread_self(), "lockstep-hier");
-  for (;;) {
-    Job job;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-    }
+  for (Job job; jobs_.pop(job);) {
     std::exception_ptr error;
     try {
       run(job.tensor);

@@ -7,14 +7,12 @@
 #include <torch/types.h>
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "lockstep/dist/process_group.h"
+#include "job_queue.h"
 #include "shm_collectives.h"
 
 namespace lockstep::dist {
@@ -52,10 +50,7 @@ class HierarchicalAllReduce {
   std::unique_ptr<ProcessGroup> cross_;
   std::chrono::milliseconds timeout_;
 
-  std::mutex mutex_;
-  std::condition_variable queued_;
-  std::deque<Job> queue_;
-  bool stopping_ = false;
+  JobQueue<Job> jobs_;
   std::thread worker_;  // last: started when everything above exists
 };
 

@@ -121,11 +121,7 @@ ShmCollectives::ShmCollectives(std::unique_ptr<ShmSegment> segment, int64_t rank
 }
 
 ShmCollectives::~ShmCollectives() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  queued_.notify_all();
+  jobs_.stop();
   aborting_ = true;  // a collective still waiting (its caller gave up on it) ends now
   abandon();
   worker_.join();
@@ -159,26 +155,13 @@ c10::intrusive_ptr<c10d::Work> ShmCollectives::enqueue(Job job, c10d::OpType typ
   job.deadline = Clock::now() + timeout_;
   job.work = c10::make_intrusive<QueuedWork>(static_cast<int>(rank_), type, job.deadline);
   c10::intrusive_ptr<c10d::Work> work = job.work;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job.seq = ++issued_;
-    queue_.push_back(std::move(job));
-  }
-  queued_.notify_one();
+  jobs_.push(std::move(job), &Job::seq);
   return work;
 }
 
 void ShmCollectives::work_loop() {
   pthread_setname_np(pthread_self(), "lockstep-shm");  // how top -H, perf and /proc tell it from compute
-  for (;;) {
-    Job job;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-    }
+  for (Job job; jobs_.pop(job);) {
     std::exception_ptr error;
     try {
       TORCH_CHECK(failure_.empty(), "shared-memory ", job.name(), " #", job.seq, " on rank ", rank_, " of ", size_,

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "lockstep/dist/process_group.h"
+#include "job_queue.h"
 #include "shm_segment.h"
 
 namespace lockstep::dist {
@@ -97,11 +98,7 @@ class ShmCollectives {
   std::string failure_;  // the first failed collective's error: later ones fail with it
   std::atomic<bool> aborting_{false};
 
-  std::mutex mutex_;
-  std::condition_variable queued_;
-  std::deque<Job> queue_;
-  uint64_t issued_ = 0;
-  bool stopping_ = false;
+  JobQueue<Job> jobs_;
   std::thread worker_;  // last: started when everything above exists
 };
 

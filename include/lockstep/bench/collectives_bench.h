@@ -16,11 +16,14 @@ namespace lockstep::bench {
 // Note [Collective bandwidths]
 // For each collective, algorithm and size S (bytes of fp32, nccl-tests' "size": the buffer an
 // all-reduce or broadcast works on, the whole N x n input of a reduce-scatter, the whole output of
-// an all-gather): one untimed call, then `iterations` timed ones. Every rank starts each call
-// after a barrier; a call's time is the slowest rank's (a max all-reduce of the times after it),
-// and a row gives the median over the calls. algbw = S / time; busbw = algbw x 2(N-1)/N for an
-// all-reduce, x (N-1)/N for a reduce-scatter or an all-gather, x 1 for a broadcast: the rate
-// each rank's link runs at in a bandwidth-optimal algorithm, comparable across collectives and N.
+// an all-gather): one call to warm up and estimate its time t, then `iterations` samples of k
+// calls back to back, k = ceil(0.1 s / t) (at most 1000), as nccl-tests averages its loop: ranks
+// leave a barrier up to a few milliseconds apart, which a single short call would count. Every rank
+// starts each sample after a barrier; a sample is the slowest rank's mean per call (a max
+// all-reduce of the times after it), and a row gives the median sample. algbw = S / time; busbw =
+// algbw x 2(N-1)/N for an all-reduce, x (N-1)/N for a reduce-scatter or an all-gather, x 1 for a
+// broadcast: the rate each rank's link runs at in a bandwidth-optimal algorithm, comparable
+// across collectives and N.
 // Every all-reduce algorithm the group's hosts allow is measured (Note [Hierarchical
 // all-reduce]): flat always, hierarchical when every host holds the same number (>= 2) of ranks
 // and there are several hosts.
@@ -28,7 +31,7 @@ struct CollectivesBenchOptions {
   TORCH_ARG(int64_t, min_bytes) = int64_t{1} << 10;
   TORCH_ARG(int64_t, max_bytes) = int64_t{256} << 20;
   TORCH_ARG(int64_t, step_factor) = 4;  // each size is the previous one times this (nccl-tests' -f)
-  TORCH_ARG(int64_t, iterations) = 5;   // timed calls per size
+  TORCH_ARG(int64_t, iterations) = 5;   // timed samples per size
   TORCH_ARG(std::string, out) = "";     // rank 0 writes collectives.csv, .md and .svg here; "": nowhere
 
  public:
