@@ -49,6 +49,18 @@ class NamespacePair {
   NamespacePair(const NamespacePair&) = delete;
   NamespacePair& operator=(const NamespacePair&) = delete;
 
+  // Shapes both ends of the veth pair with tbf to `rate` ("1gbit"), as each host's link is in a
+  // cluster: "" when done, else the command that failed and why.
+  std::string shape(const std::string& rate) const {
+    for (const std::string& name : names_) {
+      const std::string step = "ip netns exec " + name + " tc qdisc add dev " + kDevice + " root tbf rate " + rate +
+                               " burst 256kb latency 100ms";
+      CommandResult r = run_command(step);
+      if (r.exit_code != 0) return "`" + step + "` failed (exit " + std::to_string(r.exit_code) + "): " + r.output;
+    }
+    return "";
+  }
+
   // Empty when both namespaces are up; otherwise the step that failed and why.
   const std::string& error() const { return error_; }
   const std::string& name(int node) const { return names_[node]; }
