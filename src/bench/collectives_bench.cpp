@@ -15,6 +15,8 @@
 namespace lockstep::bench {
 namespace {
 
+using log::fixed;
+
 using Clock = std::chrono::steady_clock;
 constexpr double kSampleSeconds = 0.1;  // see Note [Collective bandwidths]
 
@@ -51,12 +53,6 @@ double timed(dist::ProcessGroup& group, const std::function<void()>& run, int64_
   torch::Tensor slowest = torch::tensor({took}, torch::kDouble);
   group.all_reduce(slowest, dist::ReduceOp::kMax);
   return slowest.item<double>();
-}
-
-std::string fixed(double value, int digits) {
-  char text[64];
-  std::snprintf(text, sizeof(text), "%.*f", digits, value);
-  return text;
 }
 
 std::string size_name(int64_t bytes) {

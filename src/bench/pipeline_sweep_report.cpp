@@ -13,11 +13,7 @@
 namespace lockstep::bench {
 namespace {
 
-std::string fixed(double v, int digits) {
-  char buf[48];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
+using log::fixed;
 
 // An RFC 4180 field: quoted, its quotes doubled.
 std::string quoted(const std::string& text) {

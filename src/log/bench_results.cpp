@@ -23,12 +23,6 @@ std::string csv_field(const std::string& s) {
   return out + "\"";
 }
 
-std::string fixed(double v, int digits) {
-  char buf[48];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
-
 std::string mib(int64_t bytes) { return fixed(static_cast<double>(bytes) / kMiB, 2); }
 
 std::string label(const BenchRow& r) { return r.implementation == "lockstep" ? r.name : r.implementation + " " + r.name; }

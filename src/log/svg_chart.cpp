@@ -101,6 +101,12 @@ std::vector<double> nice_ticks(double lo, double hi, int target, double min_step
   return ticks;
 }
 
+std::string fixed(double value, int digits) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, value);
+  return buf;
+}
+
 std::string short_number(double value) {
   char buf[32];
   const double a = std::abs(value);

@@ -316,18 +316,6 @@ std::string MemoryPlan::table() const {
   return out;
 }
 
-SingleThreadGuard::SingleThreadGuard() : threads_(at::get_num_threads()) { at::set_num_threads(1); }
-SingleThreadGuard::~SingleThreadGuard() { at::set_num_threads(threads_); }
-
-int64_t warm_up() {
-  // No random numbers: the CPU generator is the run's (see GeneratorStateGuard).
-  torch::Tensor x = torch::linspace(-1, 1, 2 * 3 * 16 * 16).view({2, 3, 16, 16}).requires_grad_();
-  torch::Tensor w = torch::linspace(-1, 1, 4 * 3 * 3 * 3).view({4, 3, 3, 3}).requires_grad_();
-  torch::Tensor l = torch::linspace(-1, 1, 4 * 14 * 14 * 10).view({4 * 14 * 14, 10}).requires_grad_();
-  torch::conv2d(x, w).relu().flatten(1).mm(l).sum().backward();
-  return resident_bytes();
-}
-
 MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
                           ProcessMemory& process) {
   p.validate();

@@ -12,6 +12,7 @@
 #include "lockstep/core/tensor_memory.h"
 #include "lockstep/parallel/checkpoint.h"
 #include "lockstep/parallel/local_strategy.h"
+#include "lockstep/train/memory_limit.h"
 
 namespace lockstep::train {
 
@@ -199,6 +200,18 @@ MemoryProbe probe_memory(const ReferenceData& data, const TrainOptions& o, int64
   if (per_block)
     probe.block_shares = block_shares(data, Example{batch.data.narrow(0, 0, rows2), batch.target.narrow(0, 0, rows2)});
   return probe;
+}
+
+SingleThreadGuard::SingleThreadGuard() : threads_(at::get_num_threads()) { at::set_num_threads(1); }
+SingleThreadGuard::~SingleThreadGuard() { at::set_num_threads(threads_); }
+
+int64_t warm_up() {
+  // No random numbers: the CPU generator is the run's (see GeneratorStateGuard).
+  torch::Tensor x = torch::linspace(-1, 1, 2 * 3 * 16 * 16).view({2, 3, 16, 16}).requires_grad_();
+  torch::Tensor w = torch::linspace(-1, 1, 4 * 3 * 3 * 3).view({4, 3, 3, 3}).requires_grad_();
+  torch::Tensor l = torch::linspace(-1, 1, 4 * 14 * 14 * 10).view({4 * 14 * 14, 10}).requires_grad_();
+  torch::conv2d(x, w).relu().flatten(1).mm(l).sum().backward();
+  return resident_bytes();
 }
 
 }  // namespace lockstep::train

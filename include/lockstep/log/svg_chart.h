@@ -67,6 +67,9 @@ std::vector<double> nice_ticks(double lo, double hi, int target, double min_step
 // A tick or total label: few digits, k/M/G for thousands and up (12000 -> "12k").
 std::string short_number(double value);
 
+// `value` with `digits` decimals, as the tables beside the charts print it (printf's "%.*f").
+std::string fixed(double value, int digits);
+
 // Text made safe inside XML/HTML content and attribute values.
 std::string xml_escape(const std::string& text);
 
