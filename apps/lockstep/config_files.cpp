@@ -22,7 +22,7 @@ struct RunField {
 
 const RunField kRunFields[] = {
     {"--nproc-per-node", [](const auto& f, auto& t) { t.nproc_per_node(f.nproc_per_node()); }},
-    {"--nnodes", [](const auto& f, auto& t) { t.nnodes(f.nnodes()); }},
+    {"--nnodes", [](const auto& f, auto& t) { t.nnodes(f.nnodes()).min_nodes(f.min_nodes()); }},
     {"--node-rank", [](const auto& f, auto& t) { t.node_rank(f.node_rank()); }},
     {"--master-addr", [](const auto& f, auto& t) { t.master_addr(f.master_addr()); }},
     {"--master-port", [](const auto& f, auto& t) { t.master_port(f.master_port()); }},

@@ -14,8 +14,17 @@ Command add_run_command(CLI::App& app, const std::optional<std::vector<std::stri
   auto o = std::make_shared<launch::LaunchOptions>();
 
   cmd->add_option("--nproc-per-node", o->nproc_per_node(), "Workers to start on this node");
-  cmd->add_option("--nnodes", o->nnodes(), "Nodes in the job; run this command on each");
-  cmd->add_option("--node-rank", o->node_rank(), "This node's rank, in [0, nnodes)");
+  cmd->add_option_function<std::string>(
+         "--nnodes", [o](const std::string& text) { o->parse_nnodes(text); },
+         "Nodes in the job (run this command on each), or MIN:MAX for an elastic job that goes on while at "
+         "least MIN remain and takes in nodes that arrive, up to MAX")
+      ->default_str("1");
+  cmd->add_option("--node-rank", o->node_rank(), "This node's rank, in [0, nnodes) (not for an elastic job)");
+  cmd->add_option("--rdzv-endpoint", o->rdzv_endpoint(),
+                  "Elastic: HOST[:PORT],... of launchers of the job (any reachable one lets a node in; default: "
+                  "--master-addr, on --master-port + 1)");
+  cmd->add_option("--rdzv-last-call", o->rdzv_last_call(),
+                  "Elastic: seconds a round waits for more nodes once MIN have arrived");
   cmd->add_option("--master-addr", o->master_addr(), "Address of node 0, reachable from every node");
   cmd->add_option("--master-port", o->master_port(),
                   "Workers' MASTER_PORT; the launchers meet on the next port (0: a free port on one "

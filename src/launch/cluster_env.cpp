@@ -46,16 +46,18 @@ class EnvReader {
   LaunchSettings& out_;
 };
 
-// PET_NNODES: "N", or "MIN:MAX" with MIN == MAX (membership is fixed).
-int64_t read_nnodes(const EnvReader& r, const std::string& text) {
+// PET_NNODES: "N", or "MIN:MAX" (an elastic job when MIN < MAX).
+void read_nnodes(const EnvReader& r, const std::string& text, LaunchSettings& s) {
   const size_t colon = text.find(':');
-  if (colon == std::string::npos) return r.integer("PET_NNODES", text, 1, 1 << 20);
+  if (colon == std::string::npos) {
+    s.nnodes = r.integer("PET_NNODES", text, 1, 1 << 20);
+    return;
+  }
   const int64_t min = r.integer("PET_NNODES", text.substr(0, colon), 1, 1 << 20);
   const int64_t max = r.integer("PET_NNODES", text.substr(colon + 1), 1, 1 << 20);
-  TORCH_CHECK_VALUE(min == max, "PET_NNODES=", text, " asks for an elastic job of ", min, " to ", max,
-                    " nodes, but lockstep run keeps the nodes it starts with; give the job a fixed size "
-                    "(elasticPolicy minReplicas = maxReplicas, or no elasticPolicy)");
-  return min;
+  TORCH_CHECK_VALUE(min <= max, "PET_NNODES=", text, " has MIN above MAX; the operator writes minReplicas:maxReplicas");
+  s.nnodes = max;
+  if (min < max) s.min_nodes = min;
 }
 
 // PET_NPROC_PER_NODE: a count, or torchrun's "auto"/"cpu" (the cores here, as torchrun does
@@ -128,21 +130,21 @@ LaunchSettings launch_settings_from_env(const EnvLookup& env) {
     s.node_rank = 0;
     r.note("nnodes", "1", "PET_STANDALONE");
   } else if (const char* v = r.get("PET_NNODES")) {
-    s.nnodes = read_nnodes(r, v);
-    r.note("nnodes", std::to_string(*s.nnodes), "PET_NNODES");
+    read_nnodes(r, v, s);
+    r.note("nnodes", s.min_nodes ? std::string(v) : std::to_string(*s.nnodes), "PET_NNODES");
   } else if (legacy) {
     s.nnodes = r.integer("WORLD_SIZE", r.get("WORLD_SIZE"), 1, 1 << 20);
     r.note("nnodes", std::to_string(*s.nnodes), "WORLD_SIZE (the pods of a PyTorchJob)");
   }
   const char* rank_name = r.get("PET_NODE_RANK") ? "PET_NODE_RANK" : legacy ? "RANK" : nullptr;
-  if (rank_name != nullptr && !s.node_rank) {
+  if (rank_name != nullptr && !s.node_rank && !s.min_nodes) {  // an elastic job numbers its nodes itself
     s.node_rank = r.integer(rank_name, r.get(rank_name), 0, 1 << 20);
     r.note("node rank", std::to_string(*s.node_rank), rank_name);
   }
   if (s.nnodes && s.node_rank)
     TORCH_CHECK_VALUE(*s.node_rank < *s.nnodes, rank_name, "=", *s.node_rank, " is outside [0, ", *s.nnodes,
                       ") for ", *s.nnodes, " nodes; the environment describes another job than this one");
-  TORCH_CHECK_VALUE(!s.nnodes || *s.nnodes == 1 || s.node_rank, "the environment describes a job of ", *s.nnodes,
+  TORCH_CHECK_VALUE(!s.nnodes || *s.nnodes == 1 || s.node_rank || s.min_nodes, "the environment describes a job of ", *s.nnodes,
                     " nodes but not this node's rank (PET_NODE_RANK): an elastic PyTorchJob without a Master "
                     "replica does not write it; set PET_NODE_RANK from the pod's label "
                     "training.kubeflow.org/replica-index (docs/clusters.md)");

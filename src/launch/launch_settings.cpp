@@ -7,7 +7,7 @@ namespace lockstep::launch {
 
 void LaunchSettings::apply_to(LaunchOptions& options) const {
   if (nproc_per_node) options.nproc_per_node(*nproc_per_node);
-  if (nnodes) options.nnodes(*nnodes);
+  if (nnodes) options.nnodes(*nnodes).min_nodes(min_nodes.value_or(0));
   if (node_rank) options.node_rank(*node_rank);
   if (master_addr) options.master_addr(*master_addr);
   if (master_port) options.master_port(*master_port);

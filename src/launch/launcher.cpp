@@ -16,6 +16,7 @@
 
 #include "lockstep/core/network.h"
 #include "lockstep/core/process.h"
+#include "lockstep/launch/elastic_rendezvous.h"
 #include "lockstep/launch/rendezvous.h"
 #include "lockstep/launch/shutdown_signals.h"
 #include "lockstep/launch/worker_group.h"
@@ -71,6 +72,23 @@ struct RoundOutcome {
   std::string failure;  // kFailed: which rank failed and how, possibly on another node
 };
 
+// How a round that a node asked to join ends; not a failure (see Note [Elastic rendezvous without
+// a single point of failure]).
+constexpr const char* kMembershipChange = "membership change: ";
+bool is_membership_change(const std::string& what) { return what.rfind(kMembershipChange, 0) == 0; }
+
+// Note [Stopped workers]
+// A worker stopped by SIGSTOP (a debugger, a mistaken `kill -STOP`, a job-control slip) neither runs
+// nor exits, and the other ranks wait for it in their next collective until its timeout, which
+// may be long. The launcher sees the stop (waitpid's WUNTRACED); once the worker has been stopped
+// for --heartbeat-timeout, the time after which a silent launcher's node is declared failed, the
+// worker is declared failed too and the round ends (SIGKILL reaches a stopped process).
+std::optional<StoppedWorker> stopped_too_long(const WorkerGroup& group, milliseconds timeout) {
+  for (const StoppedWorker& s : group.stopped())
+    if (Clock::now() - s.since >= timeout) return s;
+  return std::nullopt;
+}
+
 }  // namespace
 
 // Note [Launcher bounds]
@@ -111,6 +129,15 @@ void LaunchOptions::validate() const {
                   " cores)");
   if (nnodes_ < 1) TORCH_CHECK_VALUE(false, "--nnodes must be at least 1, got ", nnodes_);
   check_count("--nnodes", nnodes_, 1, kMaxNnodes, "give the number of hosts taking part");
+  if (elastic()) {
+    TORCH_CHECK_VALUE(min_nodes_ <= nnodes_, "--nnodes ", min_nodes_, ":", nnodes_,
+                      " has MIN above MAX; give MIN:MAX with 1 <= MIN <= MAX");
+    TORCH_CHECK_VALUE(node_rank_ == 0, "--node-rank ", node_rank_, " was given to an elastic job (--nnodes ",
+                      min_nodes_, ":", nnodes_, "), whose rendezvous numbers the nodes in the order they "
+                      "arrive; drop --node-rank");
+    TORCH_CHECK_VALUE(!standalone_, "--standalone runs a single node, but --nnodes is ", min_nodes_, ":", nnodes_);
+    check_seconds("--rdzv-last-call", rdzv_last_call_, 0.0, "the default is 2");
+  }
   TORCH_CHECK_VALUE(node_rank_ >= 0 && node_rank_ < nnodes_, "--node-rank ", node_rank_,
                     " is outside [0, ", nnodes_, ") for --nnodes ", nnodes_,
                     "; number the nodes 0 to ", nnodes_ - 1);
@@ -133,6 +160,29 @@ void LaunchOptions::validate() const {
                     " ms, so allow several beats; the default is 30");
 }
 
+void LaunchOptions::parse_nnodes(const std::string& text) {
+  const size_t colon = text.find(':');
+  auto number = [&](const std::string& part) {
+    size_t used = 0;
+    int64_t value = -1;
+    try {
+      value = std::stoll(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TORCH_CHECK_VALUE(used == part.size() && used > 0 && value >= 1, "--nnodes '", text,
+                      "' is not N or MIN:MAX with whole numbers of at least 1 (e.g. 2, or 2:4 for an elastic job)");
+    return value;
+  };
+  if (colon == std::string::npos) {
+    nnodes_ = number(text);
+    min_nodes_ = 0;
+    return;
+  }
+  min_nodes_ = number(text.substr(0, colon));
+  nnodes_ = number(text.substr(colon + 1));
+}
+
 Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {
   options_.validate();
   executable_ = resolve_program(options_.program()[0]);
@@ -142,19 +192,45 @@ Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {
 
 int Launcher::worker_port() const {
   if (options_.master_port() != 0) return options_.master_port();
-  return options_.nnodes() == 1 ? free_tcp_port() : kDefaultMasterPort;
+  return options_.nnodes() == 1 && !options_.elastic() ? free_tcp_port() : kDefaultMasterPort;
 }
 
-std::vector<std::string> Launcher::worker_env(int64_t rank, int64_t local_rank, int64_t world_size,
-                                              int master_port, int64_t restart) const {
+std::unique_ptr<RendezvousHandler> Launcher::make_rendezvous() const {
+  const int port = options_.master_port() != 0 ? options_.master_port() : kDefaultMasterPort;
+  if (!options_.elastic())
+    return std::make_unique<Rendezvous>(RendezvousOptions()
+                                            .nnodes(options_.nnodes())
+                                            .node_rank(options_.node_rank())
+                                            .master_addr(options_.master_addr())
+                                            .master_port(port)
+                                            .timeout(to_ms(options_.rdzv_timeout()))
+                                            .program_argc(static_cast<int64_t>(options_.program().size())));
+  // Endpoints without a port meet on the workers' port + 1, as Note [Launcher rendezvous port].
+  std::vector<std::string> endpoints;
+  const std::string list = options_.rdzv_endpoint().empty() ? options_.master_addr() : options_.rdzv_endpoint();
+  std::istringstream words(list);
+  for (std::string e; std::getline(words, e, ',');)
+    if (!e.empty()) endpoints.push_back(e.find(':') == std::string::npos
+                                            ? e + ":" + std::to_string(port + kRendezvousPortOffset) : e);
+  return std::make_unique<ElasticRendezvous>(ElasticRendezvousOptions()
+                                                 .min_nodes(options_.min_nodes())
+                                                 .max_nodes(options_.nnodes())
+                                                 .endpoints(endpoints)
+                                                 .timeout(to_ms(options_.rdzv_timeout()))
+                                                 .last_call(to_ms(options_.rdzv_last_call()))
+                                                 .program_argc(static_cast<int64_t>(options_.program().size())));
+}
+
+std::vector<std::string> Launcher::worker_env(int64_t local_rank, const NodeAssignment& round, int master_port,
+                                              int64_t restart) const {
   const int64_t nproc = options_.nproc_per_node();
   std::vector<std::pair<std::string, std::string>> ours{
-      {"RANK", std::to_string(rank)},
+      {"RANK", std::to_string(round.first_rank + local_rank)},
       {"LOCAL_RANK", std::to_string(local_rank)},
-      {"WORLD_SIZE", std::to_string(world_size)},
+      {"WORLD_SIZE", std::to_string(round.world_size)},
       {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-      {"GROUP_RANK", std::to_string(options_.node_rank())},
-      {"MASTER_ADDR", options_.master_addr()},
+      {"GROUP_RANK", std::to_string(round.node_rank)},
+      {"MASTER_ADDR", round.master_addr.empty() ? options_.master_addr() : round.master_addr},
       {"MASTER_PORT", std::to_string(master_port)},
       {"LOCKSTEP_RESTART_COUNT", std::to_string(restart)},
   };
@@ -181,29 +257,27 @@ int Launcher::run() {
   const auto say = [this](const std::string& line) { report(options_.reporter(), ReportKind::kNotice, line); };
   const milliseconds grace = to_ms(options_.grace_period());
   const milliseconds heartbeat = to_ms(options_.heartbeat_timeout());
-  Rendezvous rendezvous(RendezvousOptions()
-                            .nnodes(options_.nnodes())
-                            .node_rank(options_.node_rank())
-                            .master_addr(options_.master_addr())
-                            .master_port(options_.master_port() != 0 ? options_.master_port()
-                                                                     : kDefaultMasterPort)
-                            .timeout(to_ms(options_.rdzv_timeout()))
-                            .program_argc(static_cast<int64_t>(options_.program().size())));
-  for (int64_t restart = 0;; ++restart) {
-    const NodeAssignment assignment = rendezvous.join(restart, options_.nproc_per_node());
+  const std::unique_ptr<RendezvousHandler> rendezvous = make_rendezvous();
+  int64_t restart = 0;  // failures so far; a change of membership is not one
+  for (int64_t round = 0;; ++round) {
+    const NodeAssignment assignment = rendezvous->join(round, options_.nproc_per_node());
+    round = assignment.round;
+    if (options_.elastic())
+      say("round " + std::to_string(round) + ": node " + std::to_string(assignment.node_rank) + " of " +
+          std::to_string(assignment.nnodes) + ", ranks " + std::to_string(assignment.first_rank) + "-" +
+          std::to_string(assignment.first_rank + options_.nproc_per_node() - 1) + " of " +
+          std::to_string(assignment.world_size));
     const int port = worker_port();
     std::string log_dir;
     if (!options_.log_dir().empty()) {
-      log_dir = options_.log_dir() + "/attempt_" + std::to_string(restart);
+      log_dir = options_.log_dir() + "/attempt_" + std::to_string(round);
       std::error_code ec;
       std::filesystem::create_directories(log_dir, ec);
       TORCH_CHECK(!ec, "cannot create log directory ", log_dir, ": ", ec.message());
     }
     std::vector<WorkerSpec> specs;
-    for (int64_t local = 0; local < options_.nproc_per_node(); ++local) {
-      const int64_t rank = assignment.first_rank + local;
-      specs.push_back({rank, local, worker_env(rank, local, assignment.world_size, port, restart)});
-    }
+    for (int64_t local = 0; local < options_.nproc_per_node(); ++local)
+      specs.push_back({assignment.first_rank + local, local, worker_env(local, assignment, port, restart)});
 
     RoundOutcome outcome;
     {
@@ -211,25 +285,32 @@ int Launcher::run() {
       WorkerGroup group(executable_, options_.program(), std::move(specs), log_dir, grace);
       bool done = false;
       auto next_peer_check = Clock::now();
+      // Ends the round for every node because of `what` (on this node).
+      const auto fail = [&](const std::string& what) {
+        const std::string first = rendezvous->report_failure(round, what);
+        say(what + "; stopping " + plural(group.running(), "local worker"));
+        group.stop(SIGTERM);
+        outcome = {RoundOutcome::Kind::kFailed, 0, first};
+      };
       while (true) {
         const std::optional<WorkerExit> failed = group.poll(kSupervisePoll, signals.fd());
         if (const int sig = signals.take()) {
           say("received " + signal_name(sig) + "; forwarding it to " + plural(group.running(), "worker") +
               " (SIGKILL after " + format_seconds(options_.grace_period()) + ")");
-          rendezvous.report_failure(restart, "node " + std::to_string(options_.node_rank()) +
-                                                 "'s launcher received " + signal_name(sig));
+          rendezvous->report_failure(round, "node " + std::to_string(assignment.node_rank) +
+                                                "'s launcher received " + signal_name(sig));
           group.stop(sig);
           outcome = {RoundOutcome::Kind::kSignalled, sig, ""};
           break;
         }
         if (failed) {
           std::string what = "rank " + std::to_string(failed->rank) + " (node " +
-                             std::to_string(options_.node_rank()) + ", local rank " +
+                             std::to_string(assignment.node_rank) + ", local rank " +
                              std::to_string(failed->local_rank) + ", pid " + std::to_string(failed->pid) +
                              ") " + failed->describe();
           // Reported before it is printed: a test (or a person) that sees the line may rely on the
           // other nodes being able to know it.
-          const std::string first = rendezvous.report_failure(restart, what);
+          const std::string first = rendezvous->report_failure(round, what);
           say(what);
           for (const StoppedWorker& s : group.stopped())
             say("rank " + std::to_string(s.rank) + " (local rank " + std::to_string(s.local_rank) + ", pid " +
@@ -252,35 +333,46 @@ int Launcher::run() {
           outcome = {RoundOutcome::Kind::kFailed, 0, first};
           break;
         }
+        // See Note [Stopped workers]. A stopped worker is alive, so nothing else ends the round.
+        if (const std::optional<StoppedWorker> s = stopped_too_long(group, heartbeat)) {
+          fail("rank " + std::to_string(s->rank) + " (node " + std::to_string(assignment.node_rank) + ", local rank " +
+               std::to_string(s->local_rank) + ", pid " + std::to_string(s->pid) + ") has been stopped by " +
+               signal_name(s->signal) + " for " + format_seconds(options_.heartbeat_timeout()) +
+               " (--heartbeat-timeout): it never arrives at a collective, so it is taken for failed");
+          break;
+        }
         if (!done && group.all_exited()) {
           group.stop(SIGTERM);  // nothing is running: this only collects stray children and output
-          rendezvous.report_done(restart);
+          rendezvous->report_done(round);
           done = true;
         }
-        if (done && rendezvous.all_done(restart)) break;
-        if (rendezvous.nnodes() > 1 && Clock::now() >= next_peer_check) {
+        if (done && rendezvous->all_done(round)) break;
+        if (rendezvous->multi_node() && Clock::now() >= next_peer_check) {
           next_peer_check = Clock::now() + kPeerCheckEvery;
-          rendezvous.beat(restart);  // See Note [Launcher heartbeats].
-          if (const std::optional<int64_t> silent = rendezvous.silent_node(restart, heartbeat)) {
-            const std::string what = "node " + std::to_string(*silent) + "'s launcher sent no heartbeat for " +
-                                     format_seconds(options_.heartbeat_timeout()) +
-                                     " (--heartbeat-timeout): it was killed, hangs or is cut off";
-            const std::string first = rendezvous.report_failure(restart, what);
-            say(what + "; stopping " + plural(group.running(), "local worker"));
-            group.stop(SIGTERM);
-            outcome = {RoundOutcome::Kind::kFailed, 0, first};
+          rendezvous->beat(round);  // See Note [Launcher heartbeats].
+          if (const std::optional<int64_t> silent = rendezvous->silent_node(round, heartbeat)) {
+            fail("node " + std::to_string(*silent) + "'s launcher sent no heartbeat for " +
+                 format_seconds(options_.heartbeat_timeout()) +
+                 " (--heartbeat-timeout): it was killed, hangs or is cut off");
             break;
           }
-          if (std::optional<std::string> remote = rendezvous.failure(restart)) {
-            say("another node failed: " + *remote + "; stopping " + plural(group.running(), "local worker"));
+          if (std::optional<std::string> remote = rendezvous->failure(round)) {
+            say((is_membership_change(*remote) ? "" : "another node failed: ") + *remote + "; stopping " +
+                plural(group.running(), "local worker"));
             group.stop(SIGTERM);
             outcome = {RoundOutcome::Kind::kFailed, 0, *remote};
+            break;
+          }
+          const int64_t waiting = rendezvous->waiting_nodes(round);
+          if (!done && waiting > 0 && assignment.nnodes < options_.nnodes()) {
+            fail(std::string(kMembershipChange) + plural(waiting, "node") + " waiting to join a round of " +
+                 plural(assignment.nnodes, "node") + " (at most " + std::to_string(options_.nnodes()) + ")");
             break;
           }
         }
       }
     }
-    rendezvous.leave(restart);
+    rendezvous->leave(round);
 
     switch (outcome.kind) {
       case RoundOutcome::Kind::kSucceeded:
@@ -291,8 +383,13 @@ int Launcher::run() {
       case RoundOutcome::Kind::kSignalled:
         return 128 + outcome.signal;
       case RoundOutcome::Kind::kFailed:
+        if (options_.elastic() && is_membership_change(outcome.failure)) {
+          say("forming a new round with the waiting nodes");
+          continue;
+        }
         if (restart < options_.max_restarts()) {
-          say("restarting the worker group (restart " + std::to_string(restart + 1) + " of " +
+          ++restart;
+          say("restarting the worker group (restart " + std::to_string(restart) + " of " +
               std::to_string(options_.max_restarts()) + ")");
           continue;
         }

@@ -70,6 +70,8 @@ std::string Rendezvous::endpoint() const {
 NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
   NodeAssignment a;
   a.round = round;
+  a.node_rank = options_.node_rank();
+  a.nnodes = options_.nnodes();
   if (!store_) {
     a.world_size = nproc_per_node;
     return a;

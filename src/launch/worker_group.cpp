@@ -112,6 +112,7 @@ struct WorkerGroup::Worker {
   pid_t pid = -1;
   UniqueFd pidfd;      // readable once the worker has exited; closed when it is reaped
   int stop_signal = 0;  // the signal that stopped it (SIGSTOP, SIGTSTP, ...) while it is stopped
+  std::chrono::steady_clock::time_point stopped_since;
   std::optional<WorkerExit> exit;
   Stream out;
   Stream err;
@@ -243,6 +244,7 @@ std::optional<WorkerExit> WorkerGroup::reap() {
     if (r != w.pid) return;
     if (WIFSTOPPED(status)) {
       w.stop_signal = WSTOPSIG(status);
+      w.stopped_since = std::chrono::steady_clock::now();
       return;
     }
     if (WIFCONTINUED(status)) {
@@ -342,7 +344,7 @@ std::vector<StoppedWorker> WorkerGroup::stopped() const {
   std::vector<StoppedWorker> out;
   for (const auto& w : workers_)
     if (w->pid >= 0 && !w->exit && w->stop_signal != 0)
-      out.push_back({w->spec.rank, w->spec.local_rank, w->pid, w->stop_signal});
+      out.push_back({w->spec.rank, w->spec.local_rank, w->pid, w->stop_signal, w->stopped_since});
   return out;
 }
 

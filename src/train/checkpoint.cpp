@@ -138,7 +138,8 @@ void check_same_run(const Checkpoint& c, const GenericDict& run, const std::stri
   std::string differences;
   for (const auto& item : run) {
     const std::string& key = item.key().toStringRef();
-    if (key == "world_size" || key == "replicas" || key == "batch_size") continue;  // Note [Resuming on another world size]
+    // See Note [Resuming on another world size].
+    if (key == "world_size" || key == "replicas" || key == "batch_size" || key == "accum_steps") continue;
     auto it = c.run.find(key);
     std::ostringstream d;
     if (it == c.run.end()) {
@@ -173,16 +174,19 @@ std::string adapt_position(TrainingPosition& position, const GenericDict& writte
   const int64_t world = replicas(written, source.c_str()), batch = setting(written, "batch_size", source.c_str());
   const int64_t new_world = replicas(run, "this run"), new_batch = setting(run, "batch_size", "this run");
   const int64_t accum = setting(run, "accum_steps", "this run");
-  if (world == new_world && batch == new_batch) return "";
+  const int64_t written_accum = written.find("accum_steps") != written.end() ? setting(written, "accum_steps", source.c_str())
+                                                                          : accum;
+  if (world == new_world && batch == new_batch && written_accum == accum) return "";
   const int64_t consumed = position.micro_batch * batch * world;  // samples of the epoch, all replicas
   const int64_t per_step = new_batch * new_world * accum;
   position.micro_batch = consumed / per_step * accum;
   const int64_t repeated = consumed - position.micro_batch * new_batch * new_world;
   std::ostringstream notice;
-  notice << source << " was written by " << world << " data-parallel replica(s) of batch " << batch << " (" << world * batch
-         << " samples per micro-batch); this run has " << new_world << " of batch " << new_batch << " ("
-         << new_world * new_batch << "). ";
-  if (world * batch == new_world * new_batch) {
+  const auto micro_batches = [](int64_t k) { return k > 1 ? " x " + std::to_string(k) + " micro-batches" : std::string(); };
+  notice << source << " was written by " << world << " data-parallel replica(s) of batch " << batch
+         << micro_batches(written_accum) << " (" << world * batch * written_accum << " samples per step); this run has "
+         << new_world << " of batch " << new_batch << micro_batches(accum) << " (" << per_step << "). ";
+  if (world * batch * written_accum == per_step) {
     notice << "The global batch is the same, so every later step holds the samples it held in the original run "
               "(BatchNorm's running statistics, kept per replica without sync_batchnorm, follow this run's "
               "per-replica batches: they will not equal the original run's)";

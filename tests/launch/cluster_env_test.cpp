@@ -103,10 +103,27 @@ TEST(ClusterEnv, FixedSizeElasticJobMeetsAtTheRendezvousEndpoint) {
   EXPECT_EQ(from(no_port).master_port, 29400);  // torchrun's default rendezvous port
 }
 
+// An elasticPolicy with minReplicas 1 and maxReplicas 4: no node rank is needed.
+TEST(ClusterEnv, ElasticRangeMakesAnElasticJob) {
+  const LaunchSettings s = from({{"PET_RDZV_ENDPOINT", "mnist-worker-0:23456"}, {"PET_RDZV_BACKEND", "c10d"},
+                                 {"PET_NNODES", "1:4"}, {"PET_NPROC_PER_NODE", "2"}});
+  EXPECT_EQ(s.nnodes, 4);
+  EXPECT_EQ(s.min_nodes, 1);
+  EXPECT_FALSE(s.node_rank.has_value());
+  EXPECT_EQ(s.master_addr, "mnist-worker-0");
+  LaunchOptions o({"true"});
+  s.apply_to(o);
+  EXPECT_TRUE(o.elastic());
+  EXPECT_EQ(o.min_nodes(), 1);
+  EXPECT_EQ(o.nnodes(), 4);
+}
+
 TEST(ClusterEnv, WhatLockstepCannotDoIsRefusedNamingTheVariable) {
   const Env elastic{{"PET_RDZV_ENDPOINT", "mnist-worker-0:23456"}, {"PET_RDZV_BACKEND", "c10d"},
                     {"PET_NNODES", "1:4"}, {"PET_NODE_RANK", "0"}};
-  EXPECT_THAT(error_of(elastic), HasSubstr("PET_NNODES=1:4 asks for an elastic job of 1 to 4 nodes"));
+  Env reversed = elastic;
+  reversed["PET_NNODES"] = "4:1";
+  EXPECT_THAT(error_of(reversed), HasSubstr("PET_NNODES=4:1 has MIN above MAX"));
   Env etcd = elastic;
   etcd["PET_NNODES"] = "2";
   etcd["PET_RDZV_BACKEND"] = "etcd";

@@ -75,6 +75,57 @@ class NamespacePair {
   std::string error_;
 };
 
+// `n` network namespaces as hosts of a cluster, each with one interface (kDevice) on a bridge in a
+// "switch" namespace of its own, as machines on one network switch: host h is 10.231.(id).(h + 1).
+// Removed (with the links) when the object dies.
+class NamespaceHosts {
+ public:
+  explicit NamespaceHosts(int n) {
+    const std::string id = std::to_string(::getpid() % 100000);
+    const std::string net = "10.232." + std::to_string(::getpid() % 250) + ".";
+    switch_ = "lockstep-sw-" + id;
+    std::vector<std::string> steps{"ip netns add " + switch_, "ip -n " + switch_ + " link add lsbr type bridge",
+                                   "ip -n " + switch_ + " link set lsbr up"};
+    for (int h = 0; h < n; ++h) {
+      const std::string ns = "lockstep-h" + std::to_string(h) + "-" + id;
+      const std::string a = "lsh" + std::to_string(h) + "a" + id, b = "lsh" + std::to_string(h) + "b" + id;
+      names_.push_back(ns);
+      addresses_.push_back(net + std::to_string(h + 1));
+      for (const std::string& step : {"ip netns add " + ns, "ip link add " + a + " type veth peer name " + b,
+                                      "ip link set " + a + " netns " + ns, "ip link set " + b + " netns " + switch_,
+                                      "ip -n " + ns + " link set " + a + " name " + kDevice,
+                                      "ip -n " + ns + " addr add " + addresses_.back() + "/24 dev " + kDevice,
+                                      "ip -n " + ns + " link set lo up", "ip -n " + ns + " link set " + kDevice + " up",
+                                      "ip -n " + switch_ + " link set " + b + " master lsbr",
+                                      "ip -n " + switch_ + " link set " + b + " up"})
+        steps.push_back(step);
+    }
+    for (const std::string& step : steps) {
+      CommandResult r = run_command(step);
+      if (r.exit_code != 0) {
+        error_ = "`" + step + "` failed (exit " + std::to_string(r.exit_code) + "): " + r.output;
+        return;
+      }
+    }
+  }
+  ~NamespaceHosts() {
+    for (const std::string& name : names_) run_command("ip netns del " + name);
+    run_command("ip netns del " + switch_);
+  }
+  NamespaceHosts(const NamespaceHosts&) = delete;
+  NamespaceHosts& operator=(const NamespaceHosts&) = delete;
+
+  const std::string& error() const { return error_; }
+  std::vector<std::string> exec(int host) const { return {"ip", "netns", "exec", names_[host]}; }
+  const std::string& address(int host) const { return addresses_[host]; }
+  static constexpr const char* kDevice = "lsnet";
+
+ private:
+  std::string switch_;
+  std::vector<std::string> names_, addresses_;
+  std::string error_;
+};
+
 // Why network namespaces cannot be made here, or "" when they can.
 inline std::string namespaces_unavailable() {
   if (::geteuid() != 0) return "not root: creating network namespaces needs CAP_SYS_ADMIN";

@@ -24,9 +24,11 @@ using EnvLookup = std::function<const char*(const char*)>;
 // torchrun reads each of its --flags from PET_<FLAG> when the flag is not given; `lockstep run`
 // does the same for the flags it shares with torchrun. The pod-level RANK and WORLD_SIZE count
 // pods, not processes: `lockstep run` is the pod's entry point and gives each worker its own RANK
-// and WORLD_SIZE. Membership is fixed (an elastic range MIN:MAX with MIN < MAX is refused), and
-// lockstep's rendezvous needs each node's rank, which an elastic job without a Master replica does
-// not write: PET_NODE_RANK must then come from the pod's replica-index label (docs/clusters.md).
+// and WORLD_SIZE. PET_NNODES "MIN:MAX" with MIN < MAX makes an elastic job (Note [Elastic
+// rendezvous without a single point of failure]) that meets at PET_RDZV_ENDPOINT's host and
+// numbers the nodes itself; a fixed-size job needs each node's rank, which a job without a Master
+// replica does not write: PET_NODE_RANK must then come from the pod's replica-index label
+// (docs/clusters.md).
 
 // What the environment says about this node's place in a job: the PET_* variables torchrun reads
 // (written by a PyTorchJob or by hand), else a pre-1.7 PyTorchJob's MASTER_ADDR + RANK +

@@ -25,7 +25,8 @@ namespace lockstep::launch {
 // The values one source gives; unset fields leave LaunchOptions as they are.
 struct LaunchSettings {
   c10::optional<int64_t> nproc_per_node;
-  c10::optional<int64_t> nnodes;
+  c10::optional<int64_t> nnodes;     // with min_nodes: the most nodes of an elastic job
+  c10::optional<int64_t> min_nodes;  // set only for an elastic job (MIN < MAX)
   c10::optional<int64_t> node_rank;
   c10::optional<std::string> master_addr;
   c10::optional<int> master_port;

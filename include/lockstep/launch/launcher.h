@@ -3,11 +3,13 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "lockstep/core/report.h"
+#include "lockstep/launch/rendezvous.h"
 
 namespace lockstep::launch {
 
@@ -21,8 +23,11 @@ struct LaunchOptions {
 
   TORCH_ARG(std::vector<std::string>, program);  // PROGRAM [ARGS...]
   TORCH_ARG(int64_t, nproc_per_node) = 1;
-  TORCH_ARG(int64_t, nnodes) = 1;
-  TORCH_ARG(int64_t, node_rank) = 0;
+  TORCH_ARG(int64_t, nnodes) = 1;  // with min_nodes: the most nodes (MAX of --nnodes MIN:MAX)
+  // The fewest nodes of an elastic job (MIN of --nnodes MIN:MAX); 0: membership is fixed at nnodes.
+  // See Note [Elastic rendezvous without a single point of failure].
+  TORCH_ARG(int64_t, min_nodes) = 0;
+  TORCH_ARG(int64_t, node_rank) = 0;  // fixed membership only; an elastic job assigns them
   TORCH_ARG(std::string, master_addr) = "127.0.0.1";
   // 0: a free port with one node, 29500 (PyTorch's default) with several.
   // See Note [Launcher rendezvous port]: the launchers also use master_port + 1.
@@ -30,6 +35,11 @@ struct LaunchOptions {
   // One node on this host with a free port; the default when nnodes is 1 and no port is given.
   TORCH_ARG(bool, standalone) = false;
   TORCH_ARG(double, rdzv_timeout) = 300.0;  // seconds to wait for every node to join a round
+  // Elastic: HOST:PORT of launchers of the job, comma-separated (empty: master_addr and
+  // master_port + 1); each launcher's own rendezvous store listens on that port.
+  TORCH_ARG(std::string, rdzv_endpoint) = "";
+  // Elastic: seconds a round stays open for more nodes once MIN have arrived.
+  TORCH_ARG(double, rdzv_last_call) = 2.0;
   TORCH_ARG(int64_t, max_restarts) = 0;     // restarts of the whole group after a failure
   TORCH_ARG(std::string, log_dir) = "";     // also write DIR/attempt_K/rank_N.{stdout,stderr}
   TORCH_ARG(double, grace_period) = 5.0;    // seconds between SIGTERM and SIGKILL when stopping
@@ -48,6 +58,9 @@ struct LaunchOptions {
  public:
   // Throws c10::ValueError naming the first invalid value and what is allowed.
   void validate() const;
+  bool elastic() const { return min_nodes_ > 0; }
+  // "N", or "MIN:MAX" for an elastic job.
+  void parse_nnodes(const std::string& text);
 };
 
 constexpr int kDefaultMasterPort = 29500;  // PyTorch's
@@ -73,8 +86,9 @@ class Launcher {
  private:
   // The workers' MASTER_PORT for a round: the given port, else a free one (standalone) or 29500.
   int worker_port() const;
-  std::vector<std::string> worker_env(int64_t rank, int64_t local_rank, int64_t world_size,
-                                      int master_port, int64_t restart) const;
+  std::vector<std::string> worker_env(int64_t local_rank, const NodeAssignment& round, int master_port,
+                                      int64_t restart) const;
+  std::unique_ptr<RendezvousHandler> make_rendezvous() const;
 
   LaunchOptions options_;
   std::string executable_;  // the program, resolved on PATH

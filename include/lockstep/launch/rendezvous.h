@@ -39,6 +39,30 @@ struct NodeAssignment {
   int64_t round = 0;
   int64_t world_size = 0;  // workers over all nodes
   int64_t first_rank = 0;  // global rank of this node's local rank 0
+  int64_t node_rank = 0;   // this node's place in the round
+  int64_t nnodes = 1;      // nodes in the round
+  std::string master_addr;  // where the workers' rank 0 runs; empty: the launcher's --master-addr
+};
+
+// What a launcher needs from the agreement between nodes, round after round: the fixed membership
+// of Rendezvous below, or ElasticRendezvous (elastic_rendezvous.h), whose membership changes.
+// `round` is the value of NodeAssignment::round that join() returned; join() takes the lowest round
+// the caller will accept (the previous one + 1).
+class RendezvousHandler {
+ public:
+  virtual ~RendezvousHandler() = default;
+  virtual NodeAssignment join(int64_t round, int64_t nproc_per_node) = 0;
+  virtual std::string report_failure(int64_t round, const std::string& what) = 0;
+  virtual std::optional<std::string> failure(int64_t round) = 0;
+  virtual void beat(int64_t round) = 0;
+  virtual std::optional<int64_t> silent_node(int64_t round, std::chrono::milliseconds timeout) = 0;
+  // Nodes that wait to join while `round` runs: a reason to end it and form a larger one.
+  virtual int64_t waiting_nodes(int64_t /*round*/) { return 0; }
+  virtual void report_done(int64_t round) = 0;
+  virtual bool all_done(int64_t round) = 0;
+  virtual void leave(int64_t round) = 0;
+  // Whether any other node may take part (false: nothing to agree on).
+  virtual bool multi_node() const = 0;
 };
 
 // Agreement between the launchers of all nodes, one round per (re)start of the worker group: who
@@ -47,7 +71,7 @@ struct NodeAssignment {
 //
 // Keys are namespaced by round, so a restarted round starts from a clean slate. Store errors after
 // the join (node 0's launcher gone, network down) throw c10::Error saying so.
-class Rendezvous {
+class Rendezvous : public RendezvousHandler {
  public:
   // Node 0 starts the store (throws naming the port if it is taken); other nodes connect to it,
   // waiting up to the timeout.
@@ -59,25 +83,26 @@ class Rendezvous {
   // Blocks until every node has joined `round`, then assigns global ranks in node-rank order.
   // On timeout throws c10::Error saying how many of how many nodes arrived, and which; when nodes
   // disagree on --nnodes or on the program's word count, every node throws at once naming both.
-  NodeAssignment join(int64_t round, int64_t nproc_per_node);
+  NodeAssignment join(int64_t round, int64_t nproc_per_node) override;
 
   // Tells every node that `round` failed; the first report of a round is kept. Returns that first
   // report: `what`, or an earlier failure on another node (also `what` when the store is gone).
-  std::string report_failure(int64_t round, const std::string& what);
+  std::string report_failure(int64_t round, const std::string& what) override;
   // The failure some node reported for `round`, if any.
-  std::optional<std::string> failure(int64_t round);
+  std::optional<std::string> failure(int64_t round) override;
 
   // Tells the other nodes that this node's launcher is alive. See Note [Launcher heartbeats].
-  void beat(int64_t round);
+  void beat(int64_t round) override;
   // A node whose heartbeat has not moved for `timeout`, as seen from here; nullopt if none.
-  std::optional<int64_t> silent_node(int64_t round, std::chrono::milliseconds timeout);
+  std::optional<int64_t> silent_node(int64_t round, std::chrono::milliseconds timeout) override;
 
-  void report_done(int64_t round);
-  bool all_done(int64_t round);
+  void report_done(int64_t round) override;
+  bool all_done(int64_t round) override;
   // Called once the outcome is known. Node 0 waits (briefly) for the others to leave, so that its
   // store outlives their last read.
-  void leave(int64_t round);
+  void leave(int64_t round) override;
 
+  bool multi_node() const override { return options_.nnodes() > 1; }
   int64_t nnodes() const { return options_.nnodes(); }
   int64_t node_rank() const { return options_.node_rank(); }
 

@@ -39,6 +39,7 @@ struct StoppedWorker {
   int64_t local_rank = 0;
   pid_t pid = 0;
   int signal = 0;
+  std::chrono::steady_clock::time_point since;  // when the launcher saw it stop
 };
 
 // "SIGTERM" for SIGTERM; "signal 42" for numbers without a name.

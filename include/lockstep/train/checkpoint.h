@@ -97,8 +97,10 @@ void check_same_run(const Checkpoint& checkpoint, const c10::impl::GenericDict& 
 // positions of the permutation have been consumed, whatever N is. A run of N' ranks and batch B'
 // continues at micro-batch j x B x N / (B' x N'), rounded down to a whole optimizer step of
 // accum_steps micro-batches (the samples in between are seen twice, and the notice says how
-// many). With the same global batch (B' x N' = B x N) every later step holds the same samples as
-// the original run's, and the run continues it up to the order of floating-point sums (and the
+// many). Micro-batch j takes positions [j x B x N, (j + 1) x B x N), so a step of A micro-batches
+// takes a contiguous block of G = B x N x A positions: with the same global batch (B' x N' x A' =
+// G, as DeepSpeed's elasticity keeps train_batch_size by changing A; accum_steps may therefore
+// differ from the checkpoint's) every later step holds the same samples as the original run's, and the run continues it up to the order of floating-point sums (and the
 // padding of a last uneven batch); otherwise the steps are larger or smaller from here on, the
 // learning-rate schedule and --scale-lr count them, and the run no longer reproduces the
 // original: the notice says so. Ranks the checkpoint holds no RNG state for keep the seed's.
