@@ -1,22 +1,14 @@
 #include "lockstep/launch/elastic_rendezvous.h"
 
-#include <arpa/inet.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <sstream>
 #include <thread>
 
-#include "lockstep/launch/unique_fd.h"
+#include "lockstep/launch/endpoints.h"
 
 namespace lockstep::launch {
 namespace {
@@ -35,74 +27,9 @@ std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 std::string key(int64_t round, const std::string& name) { return "elastic/" + std::to_string(round) + "/" + name; }
 double seconds(milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 
-std::pair<std::string, int> split_endpoint(const std::string& endpoint) {
-  const size_t colon = endpoint.rfind(':');
-  TORCH_CHECK_VALUE(colon != std::string::npos && colon > 0, "rendezvous endpoint '", endpoint,
-                    "' is not HOST:PORT");
-  int port = 0;
-  try {
-    port = std::stoi(endpoint.substr(colon + 1));
-  } catch (const std::exception&) {
-  }
-  TORCH_CHECK_VALUE(port > 0 && port <= 65535, "rendezvous endpoint '", endpoint, "' has no port in [1, 65535]");
-  return {endpoint.substr(0, colon), port};
-}
-
-// The IPv4 address `host` names (a name or a dotted quad); empty when it names none.
-std::string ipv4(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return "";
-  char out[INET_ADDRSTRLEN] = {};
-  ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, out, sizeof(out));
-  ::freeaddrinfo(found);
-  return out;
-}
-
-// The source address this host uses to reach `host` (no packet is sent: a UDP connect only routes).
-std::string route_source(const std::string& host, int port) {
-  const std::string ip = ipv4(host);
-  TORCH_CHECK_VALUE(!ip.empty(), "rendezvous endpoint host '", host, "' does not resolve to an IPv4 address");
-  UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, ip.c_str(), &to.sin_addr);
-  sockaddr_in from{};
-  socklen_t len = sizeof(from);
-  TORCH_CHECK(fd.valid() && ::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0 &&
-                  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&from), &len) == 0,
-              "no route to rendezvous endpoint ", host, ": ", std::strerror(errno),
-              "; give this node's address (ElasticRendezvousOptions::address)");
-  char out[INET_ADDRSTRLEN] = {};
-  ::inet_ntop(AF_INET, &from.sin_addr, out, sizeof(out));
-  return out;
-}
-
-// Whether something accepts TCP connections at host:port within kProbe. A c10d client would retry
-// a refused connection for a whole second at least; a gone launcher refuses at once.
-bool accepts(const std::string& host, int port) {
-  const std::string ip = ipv4(host);
-  if (ip.empty()) return false;
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return false;
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, ip.c_str(), &to.sin_addr);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) return true;
-  if (errno != EINPROGRESS) return false;
-  pollfd p{fd.get(), POLLOUT, 0};
-  if (::poll(&p, 1, static_cast<int>(kProbe.count())) != 1) return false;
-  int error = 0;
-  socklen_t len = sizeof(error);
-  return ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &len) == 0 && error == 0;
-}
-
 c10::intrusive_ptr<c10d::TCPStore> connect(const std::string& endpoint) {
   const auto [host, port] = split_endpoint(endpoint);
-  if (!accepts(host, port)) return {};
+  if (!accepts_connections(host, port, kProbe)) return {};
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(port);
   o.isServer = false;
@@ -146,7 +73,7 @@ ElasticRendezvous::ElasticRendezvous(ElasticRendezvousOptions options) : options
   for (const std::string& e : options_.endpoints()) split_endpoint(e);  // throws naming a malformed one
   const auto [first_host, first_port] = split_endpoint(options_.endpoints().front());
   const int port = options_.port() != 0 ? options_.port() : first_port;
-  const std::string address = options_.address().empty() ? route_source(first_host, first_port) : options_.address();
+  const std::string address = options_.address().empty() ? route_source_address(first_host, first_port) : options_.address();
   me_ = address + ":" + std::to_string(port);
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(port);

@@ -1,5 +1,7 @@
 #include "lockstep/launch/launch_settings.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -29,6 +31,18 @@ c10::optional<int64_t> parse_integer(const std::string& text) {
   } catch (const std::logic_error&) {  // not a number, or out of range
   }
   return c10::nullopt;
+}
+
+void LaunchOptions::parse_nnodes(const std::string& text) {
+  auto number = [&](const std::string& part) {
+    const c10::optional<int64_t> value = parse_integer(part);
+    TORCH_CHECK_VALUE(value && *value >= 1, "--nnodes '", text,
+                      "' is not N or MIN:MAX with whole numbers of at least 1 (e.g. 2, or 2:4 for an elastic job)");
+    return *value;
+  };
+  const size_t colon = text.find(':');
+  min_nodes_ = colon == std::string::npos ? 0 : number(text.substr(0, colon));
+  nnodes_ = number(colon == std::string::npos ? text : text.substr(colon + 1));
 }
 
 }  // namespace lockstep::launch

@@ -160,29 +160,6 @@ void LaunchOptions::validate() const {
                     " ms, so allow several beats; the default is 30");
 }
 
-void LaunchOptions::parse_nnodes(const std::string& text) {
-  const size_t colon = text.find(':');
-  auto number = [&](const std::string& part) {
-    size_t used = 0;
-    int64_t value = -1;
-    try {
-      value = std::stoll(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    TORCH_CHECK_VALUE(used == part.size() && used > 0 && value >= 1, "--nnodes '", text,
-                      "' is not N or MIN:MAX with whole numbers of at least 1 (e.g. 2, or 2:4 for an elastic job)");
-    return value;
-  };
-  if (colon == std::string::npos) {
-    nnodes_ = number(text);
-    min_nodes_ = 0;
-    return;
-  }
-  min_nodes_ = number(text.substr(0, colon));
-  nnodes_ = number(text.substr(colon + 1));
-}
-
 Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {
   options_.validate();
   executable_ = resolve_program(options_.program()[0]);

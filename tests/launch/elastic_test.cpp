@@ -129,6 +129,30 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+TEST(ElasticLaunch, OneNodeOfARangeRunsAloneOnceTheLastCallHasPassed) {
+  const int port = testing::free_port_pair();
+  ASSERT_NE(port, 0);
+  const auto r = testing::run_command(std::string(LOCKSTEP_CLI) + " run --nnodes 1:3 --master-port " +
+                                      std::to_string(port) + " --rdzv-last-call 0.2 --rdzv-timeout 20 -- sh -c " +
+                                      "'echo rank $RANK of $WORLD_SIZE at $MASTER_ADDR:$MASTER_PORT'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr("round 0: node 0 of 1, ranks 0-0 of 1"));
+  EXPECT_THAT(r.output, ::testing::HasSubstr("rank 0 of 1 at 127.0.0.1:" + std::to_string(port)));
+}
+
+TEST(ElasticLaunch, BadRangesAreRefusedNamingTheValue) {
+  const std::string run = std::string(LOCKSTEP_CLI) + " run ";
+  auto r = testing::run_command(run + "--nnodes 3:2 -- true");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, ::testing::HasSubstr("--nnodes 3:2 has MIN above MAX"));
+  r = testing::run_command(run + "--nnodes 2:x -- true");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, ::testing::HasSubstr("--nnodes '2:x' is not N or MIN:MAX"));
+  r = testing::run_command(run + "--nnodes 1:2 --node-rank 1 -- true");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, ::testing::HasSubstr("drop --node-rank"));
+}
+
 // Issue 32's acceptance: 20 events in one run (a launcher SIGKILLed, the leader's among them; a
 // node arriving; a worker SIGSTOPped), each survived within --heartbeat-timeout + 10 s, and the run
 // ends with every step it was asked for.
