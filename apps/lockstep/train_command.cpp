@@ -1,6 +1,11 @@
 // `lockstep train`: trains a reference model and prints one JSON summary line last.
 #include <c10/util/StringUtil.h>
 
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <memory>
 
@@ -60,6 +65,24 @@ void add_file_data_options(CLI::App* cmd, const std::shared_ptr<train::TrainOpti
       ->check(cli::non_negative_count())->capture_default_str()->group(files);
   cmd->add_option("--prefetch", o->trainer().loader().prefetch(), "Batches each worker builds ahead of the step")
       ->check(cli::positive_count())->capture_default_str()->group(files);
+}
+
+// Note [Stopping at a step boundary]
+// An elastic launcher (`lockstep run --nnodes MIN:MAX`, which sets LOCKSTEP_ELASTIC=1) ends a round
+// with SIGTERM when a node arrives, and waits longer than its grace period for the workers to exit.
+// Killed mid-step, the workers would lose the steps since the last checkpoint; instead SIGTERM only
+// raises a flag, the ranks agree on it after the step that is running (TrainerOptions::
+// stop_requested), checkpoint that step and exit with 128 + SIGTERM, and the next round resumes
+// from exactly there. Outside an elastic launcher SIGTERM keeps its default: the process ends.
+std::atomic<bool> terminate_requested{false};
+void request_terminate(int) { terminate_requested.store(true); }
+
+std::function<bool()> stop_on_sigterm() {
+  struct sigaction action {};
+  action.sa_handler = request_terminate;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGTERM, &action, nullptr);
+  return [] { return terminate_requested.load(std::memory_order_relaxed); };
 }
 
 }  // namespace
@@ -305,7 +328,17 @@ Command add_train_command(CLI::App& app) {
             if (!betas->empty()) o->optimizer().beta1((*betas)[0]).beta2((*betas)[1]);
             apply_config_files();
             if (*quiet) o->trainer().progress(nullptr);
+            const char* elastic = std::getenv("LOCKSTEP_ELASTIC");
+            if (elastic != nullptr && std::string(elastic) == "1") o->trainer().stop_requested(stop_on_sigterm());
             auto result = train::train(*o);
+            if (result.stopped) {
+              if (result.rank == 0)
+                std::cerr << "lockstep train: stopped by SIGTERM after step " << result.steps
+                          << (o->trainer().checkpoint().dir().empty() ? " (no --checkpoint-dir: nothing was saved)"
+                                                                      : ", which the newest checkpoint holds")
+                          << std::endl;
+              return 128 + SIGTERM;
+            }
             if (result.rank == 0) std::cout << result.profile << result.summary_json() << std::endl;
             return 0;
           },

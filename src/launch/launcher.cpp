@@ -212,6 +212,8 @@ std::vector<std::string> Launcher::worker_env(int64_t local_rank, const NodeAssi
       {"LOCKSTEP_RESTART_COUNT", std::to_string(restart)},
   };
   if (!options_.iface().empty()) ours.emplace_back("LOCKSTEP_SOCKET_IFNAME", options_.iface());
+  // See Note [Stopping at a step boundary]: SIGTERM asks lockstep train for a checkpoint first.
+  if (options_.elastic()) ours.emplace_back("LOCKSTEP_ELASTIC", "1");
   const char* omp = std::getenv("OMP_NUM_THREADS");
   if (omp == nullptr || *omp == '\0')
     ours.emplace_back("OMP_NUM_THREADS",
@@ -235,6 +237,11 @@ int Launcher::run() {
   const milliseconds grace = to_ms(options_.grace_period());
   const milliseconds heartbeat = to_ms(options_.heartbeat_timeout());
   const std::unique_ptr<RendezvousHandler> rendezvous = make_rendezvous();
+  // A round that ends for a node to join gives the workers time to finish their step and save it
+  // (Note [Stopping at a step boundary]); a failure gives the grace period.
+  const auto stop_workers = [&](WorkerGroup& group, const std::string& why) {
+    group.stop(SIGTERM, is_membership_change(why) ? std::max(grace, heartbeat) : grace);
+  };
   int64_t restart = 0;  // failures so far; a change of membership is not one
   for (int64_t round = 0;; ++round) {
     const NodeAssignment assignment = rendezvous->join(round, options_.nproc_per_node());
@@ -266,7 +273,7 @@ int Launcher::run() {
       const auto fail = [&](const std::string& what) {
         const std::string first = rendezvous->report_failure(round, what);
         say(what + "; stopping " + plural(group.running(), "local worker"));
-        group.stop(SIGTERM);
+        stop_workers(group, first);
         outcome = {RoundOutcome::Kind::kFailed, 0, first};
       };
       while (true) {
@@ -336,7 +343,7 @@ int Launcher::run() {
           if (std::optional<std::string> remote = rendezvous->failure(round)) {
             say((is_membership_change(*remote) ? "" : "another node failed: ") + *remote + "; stopping " +
                 plural(group.running(), "local worker"));
-            group.stop(SIGTERM);
+            stop_workers(group, *remote);
             outcome = {RoundOutcome::Kind::kFailed, 0, *remote};
             break;
           }

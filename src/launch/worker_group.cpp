@@ -303,12 +303,14 @@ size_t WorkerGroup::running() const {
 
 size_t WorkerGroup::size() const { return workers_.size(); }
 
-void WorkerGroup::stop(int signal) {
+void WorkerGroup::stop(int signal) { stop(signal, grace_period_); }
+
+void WorkerGroup::stop(int signal, std::chrono::milliseconds grace_period) {
   if (stopped_) return;
   stopped_ = true;
   for (auto& w : workers_)
     if (w->pid >= 0 && !w->exit) ::kill(-w->pid, signal);
-  const auto grace_end = Clock::now() + grace_period_;
+  const auto grace_end = Clock::now() + grace_period;
   reap();
   while (running() > 0 && Clock::now() < grace_end) {
     pump(kPollSlice, -1);

@@ -103,9 +103,21 @@ class Trainer::Loop {
   }
 
   TrainResult fit() {
-    for (; pos_.epoch < o_.epochs(); pos_ = pos_.next_epoch())
+    for (; pos_.epoch < o_.epochs(); pos_ = pos_.next_epoch()) {
       train_epoch(data_->batches(epoch_batches(pos_.epoch, replicas_, replica_)));
+      // Between epochs the epoch's own checkpoint holds the position.
+      if (result_.stopped || (pos_.epoch + 1 < o_.epochs() && stop_agreed())) {
+        result_.stopped = true;
+        break;
+      }
+    }
     loader_.reset();  // the workers end with the epochs
+    if (result_.stopped) {
+      result_.steps = pos_.step;
+      if (leader_) log_.close();
+      if (group_) group_->barrier();
+      return result_;
+    }
     if (result_.epochs.empty()) {  // resumed from a finished run: its model is evaluated and written as is
       set_evaluation(result_, evaluate_model());
       result_.final_loss = NAN;
@@ -171,7 +183,15 @@ class Trainer::Loop {
                    static_cast<double>((before[end] - before[first]) * replicas_) / seconds_since(t0));
       }
       profiler_.end_step();
-      if (checkpointer_->due(pos_.step) && end < micro_batches) checkpointer_->save(pos_, *strategy_);
+      const bool saved = checkpointer_->due(pos_.step) && end < micro_batches;
+      if (saved) checkpointer_->save(pos_, *strategy_);
+      // An epoch's last step goes on to the epoch's end and its checkpoint; fit() stops after it.
+      if (end < micro_batches && stop_agreed()) {
+        if (checkpointer_->enabled() && !saved) checkpointer_->save(pos_, *strategy_);
+        result_.stopped = true;
+        if (progress) progress->finish();
+        return;
+      }
     }
     if (progress) progress->finish();
 
@@ -266,6 +286,13 @@ class Trainer::Loop {
 
   EpochBatches epoch_batches(int64_t epoch, int64_t replicas, int64_t replica) const {
     return {epoch, replicas, replica, o_.batch_size(), o_.seed()};
+  }
+
+  // Whether any rank's stop_requested() says stop, agreed by all (see TrainerOptions::stop_requested).
+  bool stop_agreed() {
+    if (!o_.stop_requested()) return false;
+    const double mine = o_.stop_requested()() ? 1.0 : 0.0;
+    return average(mine) > 0.0;
   }
 
   // The mean of `value` over the ranks.

@@ -212,6 +212,8 @@ TEST(ElasticLaunch, TrainingSurvivesTwentyKillsStopsAndArrivals) {
               << lost.back() << " (round " << round_before << " -> " << job.newest_round().first << ")\n";
     EXPECT_LE(recovery.back(), kHeartbeatSeconds + 10.0) << "event " << event << " (" << kind << ")";
     EXPECT_LE(lost.back(), kSaveEvery) << "event " << event << " (" << kind << ")";
+    // An arrival ends the round at a step boundary, which is checkpointed (Note [Stopping at a step boundary]).
+    if (kind == "node arrives") EXPECT_EQ(lost.back(), 0) << "event " << event;
     // Some progress before the next event.
     ASSERT_TRUE(testing::wait_until([&] { return job.steps().size() >= logged_at_round + 8; }, seconds(60)))
         << job.outputs();

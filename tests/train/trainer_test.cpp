@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <functional>
 #include <sstream>
 
 #include "../test_util.h"
@@ -165,6 +167,32 @@ TEST(TrainerApi, ResumedRunEndsWhereAnUninterruptedRunEnds) {
   const auto resumed = run(3, dir / "b", "latest");
   for (const auto& [name, t] : whole) EXPECT_TRUE(torch::equal(t, resumed.at(name))) << name;
   EXPECT_TRUE(std::filesystem::exists(dir / "b/step-00000024.pt"));  // 3 epochs x 8 steps
+}
+
+// A stop asked for during step 11 (of 8 per epoch) ends the run at that step boundary with a
+// checkpoint of it; resumed from there, the run ends where an uninterrupted one ends, bit for bit.
+TEST(TrainerApi, AStopEndsTheRunAtAStepBoundaryThatResumesExactly) {
+  testing::TempDir dir;
+  const auto data = features(128, 5);
+  auto run = [&](const std::string& ckpt, const std::string& resume, std::function<bool()> stop, TrainResult* out) {
+    torch::manual_seed(1);
+    TwoLayer m;
+    auto o = quiet().epochs(3).checkpoint(CheckpointerOptions().dir(ckpt).resume(resume)).stop_requested(stop);
+    *out = Trainer(torch::nn::AnyModule(m), data, o).fit();
+    return weights(*m);
+  };
+  TrainResult whole_result, stopped, resumed_result;
+  const auto whole = run(dir / "a", "", nullptr, &whole_result);
+  int64_t polls = 0;
+  run(dir / "b", "", [&] { return ++polls >= 11; }, &stopped);
+  EXPECT_TRUE(stopped.stopped);
+  EXPECT_EQ(stopped.steps, 11);
+  EXPECT_EQ(polls, 11);  // once per step, not again after the stop
+  EXPECT_TRUE(std::filesystem::exists(dir / "b/step-00000011.pt"));
+  const auto resumed = run(dir / "b", "latest", [] { return false; }, &resumed_result);
+  EXPECT_FALSE(resumed_result.stopped);
+  EXPECT_EQ(resumed_result.steps, 24);
+  for (const auto& [name, t] : whole) EXPECT_TRUE(torch::equal(t, resumed.at(name))) << name;
 }
 
 TEST(TrainerApi, RefusesBadOptionsNamingTheValue) {

@@ -79,6 +79,8 @@ class WorkerGroup {
   // period, then SIGKILLs every worker's process group (also the finished ones, for stray children),
   // reaps the workers and forwards their last output. Idempotent.
   void stop(int signal);
+  // The same with another grace period.
+  void stop(int signal, std::chrono::milliseconds grace_period);
 
   // The workers stopped by a signal as of the last poll.
   std::vector<StoppedWorker> stopped() const;

@@ -43,6 +43,7 @@ struct TrainResult {
   double peak_rss_mib = 0.0;
   int64_t steps = 0;            // optimizer steps since the start of training (a resumed run counts on)
   int64_t skipped_steps = 0;    // of those, skipped for a non-finite loss or gradient
+  bool stopped = false;         // ended early by TrainerOptions::stop_requested, at step `steps`
   int64_t param_bytes = 0;      // this rank's model parameters
   int64_t grad_bytes = 0;       // their gradients (and the fp32 masters' at O2)
   int64_t optim_bytes = 0;      // optimizer state (momentum, Adam moments), and fp32 master weights at O2

@@ -69,6 +69,12 @@ struct TrainerOptions {
   TORCH_ARG(log::RunLogOptions, log);
   TORCH_ARG(nlohmann::ordered_json, settings) = nlohmann::ordered_json::object();
 
+  // Polled after every optimizer step: when it returns true on any rank, every rank stops at that
+  // step boundary, the position is checkpointed there (with checkpoints on), and fit() returns with
+  // TrainResult::stopped. The ranks agree on it with one small all-reduce per step, so leave it
+  // unset unless a stop may come (lockstep train sets it under an elastic launcher, for SIGTERM).
+  TORCH_ARG(std::function<bool()>, stop_requested);
+
   TORCH_ARG(int64_t, epochs) = 1;
   TORCH_ARG(int64_t, batch_size) = 100;   // samples per micro-batch and replica
   TORCH_ARG(int64_t, accum_steps) = 1;    // micro-batches per optimizer step (DDP no_sync on all but the last)
