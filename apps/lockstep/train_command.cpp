@@ -308,6 +308,10 @@ Command add_train_command(CLI::App& app) {
       ->group(ckpt);
 
   auto* step = "Optimizer step";
+  cmd->add_option("--global-batch-size", o->global_batch_size(),
+                  "Samples per optimizer step over all ranks, kept at any world size by recomputing --accum-steps "
+                  "(global = --batch-size x accum steps x replicas; 0: off)")
+      ->check(cli::non_negative_count())->group(step);
   cmd->add_option("--accum-steps", t.accum_steps(), "Micro-batches per optimizer step (gradient accumulation)")
       ->check(cli::positive_count())->group(step);
   cmd->add_option("--clip-value", so.clip_value(), "Clamp each gradient element to [-V, V] (0: off)")

@@ -213,6 +213,9 @@ void TrainOptions::validate() const {
                     "' and --init-weights '", init_weights(),
                     "' both set: a resumed run takes its weights from the checkpoint; pass one of them");
   TORCH_CHECK_VALUE(t.accum_steps() >= 1, "accum-steps=", t.accum_steps(), " must be at least 1");
+  TORCH_CHECK_VALUE(global_batch_size() >= 0, "global-batch-size=", global_batch_size(), " must be >= 0 (0: off)");
+  TORCH_CHECK_VALUE(global_batch_size() == 0 || t.accum_steps() == 1, "global-batch-size=", global_batch_size(),
+                    " sets the accumulation steps itself, but accum-steps=", t.accum_steps(), " was given too; give one");
   TORCH_CHECK_VALUE(std::isfinite(so.clip_value()) && so.clip_value() >= 0, "clip-value ", so.clip_value(),
                     " must be >= 0 (0: no clipping)");
   TORCH_CHECK_VALUE(std::isfinite(so.clip_norm()) && so.clip_norm() >= 0, "clip-norm ", so.clip_norm(),
@@ -292,6 +295,27 @@ parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* gro
     s.loss_scale(amp::GradScalerOptions().init_scale(std::stod(scale))).fixed_loss_scale(true);  // validate() checked it
   }
   return s;
+}
+
+int64_t TrainOptions::replicas(int64_t world_size) const {
+  if (resolved_strategy(world_size) != parallel::StrategyKind::kPipeline) return world_size;
+  const int64_t stages = trainer().strategy_options().pipeline().stages();
+  return stages > 0 ? std::max<int64_t>(1, world_size / stages) : 1;
+}
+
+int64_t accum_steps_for_global_batch(int64_t global_batch, int64_t batch_size, int64_t replicas) {
+  TORCH_CHECK_VALUE(global_batch > 0 && batch_size > 0 && replicas > 0, "global batch ", global_batch, ", batch ",
+                    batch_size, " and replicas ", replicas, " must all be positive");
+  const int64_t per_micro_batch = batch_size * replicas;
+  if (global_batch % per_micro_batch == 0) return global_batch / per_micro_batch;
+  std::string fitting;
+  for (int64_t r = 1; r <= global_batch / batch_size; ++r)
+    if (global_batch % (batch_size * r) == 0) fitting += (fitting.empty() ? "" : ", ") + std::to_string(r);
+  TORCH_CHECK_VALUE(false, "global batch ", global_batch, " is not a multiple of batch ", batch_size, " x ", replicas,
+                    " replicas (", per_micro_batch, "): the rule is global batch = batch x accumulation steps x "
+                    "replicas; with batch ", batch_size, " it fits ",
+                    fitting.empty() ? std::string("no replica count") : fitting + " replica(s)",
+                    "; change the world size, --batch-size or --global-batch-size");
 }
 
 }  // namespace lockstep::train

@@ -39,9 +39,13 @@ nlohmann::ordered_json run_settings_event(const TrainOptions& o, int64_t world_s
 
 }  // namespace
 
-TrainResult train(const TrainOptions& o) {
-  o.validate();
+TrainResult train(const TrainOptions& given) {
+  given.validate();
   const WorldInfo world = world_from_env();
+  TrainOptions o = given;
+  if (o.global_batch_size() > 0)
+    o.trainer().accum_steps(
+        accum_steps_for_global_batch(o.global_batch_size(), o.trainer().batch_size(), o.replicas(world.world_size)));
   if (world.rank == 0) o.check_output_paths();  // rank 0 writes them
   configure_heap();  // See Note [Keeping freed memory for the next step]
   const int64_t threads = o.threads() > 0 ? o.threads() : default_intra_op_threads();

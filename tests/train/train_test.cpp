@@ -174,6 +174,24 @@ TEST(Trainer, FourAccumulatedMicroBatchesEqualOneBatchFourTimesLarger) {
     EXPECT_LE((a[i].second - b[i].second).abs().max().item<double>(), 1e-5) << a[i].first;
 }
 
+// --global-batch-size 120 with micro-batches of 30 on one rank accumulates 4: the run above.
+TEST(Trainer, GlobalBatchSizeSetsTheAccumulationForTheWorldSize) {
+  auto run = quiet(TrainOptions().model("mlp").data(DataSource::kSynthetic).limit(960).global_batch_size(120),
+                   [](TrainerOptions& t) { t.epochs(2).seed(4).batch_size(30); });
+  TrainResult global = train(run);
+  TrainOptions plain = run;
+  TrainResult accumulated = train(quiet(plain.global_batch_size(0), [](TrainerOptions& t) { t.accum_steps(4); }));
+  ASSERT_EQ(global.step_losses.size(), 16u);
+  for (size_t i = 0; i < 16; ++i) EXPECT_EQ(global.step_losses[i], accumulated.step_losses[i]) << "step " << i;
+  EXPECT_EQ(accum_steps_for_global_batch(48, 4, 3), 4);
+  EXPECT_EQ(accum_steps_for_global_batch(48, 4, 4), 3);
+  const std::string refused = testing::error_message([] { accum_steps_for_global_batch(48, 4, 5); });
+  EXPECT_THAT(refused, HasSubstr("global batch 48 is not a multiple of batch 4 x 5 replicas (20)"));
+  EXPECT_THAT(refused, HasSubstr("it fits 1, 2, 3, 4, 6, 12 replica(s)"));
+  EXPECT_THAT(testing::error_message([&] { train(quiet(run, [](TrainerOptions& t) { t.accum_steps(2); })); }),
+              HasSubstr("give one"));
+}
+
 // A run checkpointed mid-epoch and resumed from there ends exactly where an uninterrupted one does.
 TEST(Trainer, ResumingMidEpochContinuesBitForBit) {
   testing::TempDir dir;

@@ -104,6 +104,9 @@ struct TrainOptions {
   // Train even when the memory plan predicts a peak above the memory a rank may use (see
   // train/memory_plan.h; train() checks it at start, before the strategy is built).
   TORCH_ARG(bool, ignore_memory_plan) = false;
+  // Samples per optimizer step over all ranks, kept whatever the world size by recomputing
+  // trainer().accum_steps (accum_steps_for_global_batch); 0: accum_steps as given.
+  TORCH_ARG(int64_t, global_batch_size) = 0;
 
   // The run: epochs, batch size per process, seed (model init and data order), accumulation,
   // the strategy and its options (clipping, pipeline, fsdp, dp's replicas), checkpoints, logs,
@@ -133,8 +136,10 @@ struct TrainOptions {
   // trainer().strategy_options() with what the flags above decide filled in: the optimizer, the
   // precision and loss scaling, and `group`.
   parallel::StrategyOptions strategy_options(dist::ProcessGroup* group) const;
-  // What a checkpoint records of the run and a resumed run must share: model, data, limit,
-  // accum_steps, seed, precision, opt_level, loss_scale, optimizer; and world_size and batch_size,
+  // Data-parallel replicas of the model on `world_size` ranks: the ranks, or a pipeline's stages together.
+  int64_t replicas(int64_t world_size) const;
+  // What a checkpoint records of the run and a resumed run must share: model, data, limit, seed,
+  // precision, opt_level, loss_scale, optimizer; and world_size, batch_size and accum_steps,
   // which may change (see Note [Resuming on another world size]).
   c10::impl::GenericDict run_settings(int64_t world_size) const;
   bool text() const { return data() == DataSource::kFortunes || data() == DataSource::kText; }
@@ -155,5 +160,11 @@ struct DataSplits {
 // samples), or seeded synthetic images shaped for the model (`limit` or 10000 for training, 2000
 // for test). Throws when the model's input shape does not fit the data.
 DataSplits load_data(const TrainOptions& options);
+
+// The gradient-accumulation steps that make `global_batch` samples per optimizer step out of
+// micro-batches of `batch_size` on `replicas` data-parallel replicas: global_batch / (batch_size x
+// replicas), as DeepSpeed's elasticity keeps train_batch_size when the world size changes. Throws
+// c10::ValueError stating the rule and the replica counts that fit when it does not divide.
+int64_t accum_steps_for_global_batch(int64_t global_batch, int64_t batch_size, int64_t replicas);
 
 }  // namespace lockstep::train
