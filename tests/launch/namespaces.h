@@ -117,7 +117,11 @@ class NamespaceHosts {
 
   const std::string& error() const { return error_; }
   std::vector<std::string> exec(int host) const { return {"ip", "netns", "exec", names_[host]}; }
+  // Enters only the host's network namespace: `ip netns exec` also mounts a sysfs of its own, which
+  // hides /sys/fs/cgroup (slurmd needs it).
+  std::vector<std::string> enter(int host) const { return {"nsenter", "--net=/var/run/netns/" + names_[host]}; }
   const std::string& address(int host) const { return addresses_[host]; }
+  int size() const { return static_cast<int>(names_.size()); }
   static constexpr const char* kDevice = "lsnet";
 
  private:
