@@ -27,16 +27,21 @@ std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 std::string key(int64_t round, const std::string& name) { return "elastic/" + std::to_string(round) + "/" + name; }
 double seconds(milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 
+// A launcher's store: this node's own (server), or another's.
+c10d::TCPStoreOptions store_options(int port, bool server) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.isServer = server;
+  o.waitWorkers = false;
+  o.timeout = kRequestTimeout;
+  return o;
+}
+
 c10::intrusive_ptr<c10d::TCPStore> connect(const std::string& endpoint) {
   const auto [host, port] = split_endpoint(endpoint);
   if (!accepts_connections(host, port, kProbe)) return {};
-  c10d::TCPStoreOptions o;
-  o.port = static_cast<uint16_t>(port);
-  o.isServer = false;
-  o.waitWorkers = false;
-  o.timeout = kRequestTimeout;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(host, o);
+    return c10::make_intrusive<c10d::TCPStore>(host, store_options(port, /*server=*/false));
   } catch (const std::exception&) {
     return {};
   }
@@ -75,13 +80,8 @@ ElasticRendezvous::ElasticRendezvous(ElasticRendezvousOptions options) : options
   const int port = options_.port() != 0 ? options_.port() : first_port;
   const std::string address = options_.address().empty() ? route_source_address(first_host, first_port) : options_.address();
   me_ = address + ":" + std::to_string(port);
-  c10d::TCPStoreOptions o;
-  o.port = static_cast<uint16_t>(port);
-  o.isServer = true;
-  o.waitWorkers = false;
-  o.timeout = kRequestTimeout;
   try {
-    own_ = c10::make_intrusive<c10d::TCPStore>(address, o);
+    own_ = c10::make_intrusive<c10d::TCPStore>(address, store_options(port, /*server=*/true));
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "this node (", me_, ") cannot start its rendezvous store on port ", port,
                 ": another program (or another launcher on this host) holds it; each node of an elastic job "
