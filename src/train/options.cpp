@@ -22,7 +22,7 @@ constexpr int64_t kSyntheticTestSize = 2000;
 }  // namespace
 
 const std::vector<std::string>& precision_names() {
-  static const std::vector<std::string> names{"fp32", "bf16", "fp16"};
+  static const std::vector<std::string> names{"fp32", "bf16", "fp16", "auto"};
   return names;
 }
 
@@ -260,7 +260,7 @@ parallel::StrategyKind TrainOptions::resolved_strategy(int64_t world_size) const
 
 std::string TrainOptions::resolved_loss_scale() const {
   if (!loss_scale().empty()) return loss_scale();
-  return precision() == Precision::kBf16 ? "none" : "";
+  return precision() == Precision::kBf16 || precision() == Precision::kAuto ? "none" : "";
 }
 
 optim::OptimizerOptions TrainOptions::optimizer_options() const {

@@ -15,9 +15,11 @@
 #include "lockstep/core/process.h"
 #include "lockstep/core/report.h"
 #include "lockstep/core/world.h"
+#include "lockstep/log/svg_chart.h"
 #include "lockstep/models/torchscript_module.h"
 #include "lockstep/train/trainer.h"
 #include "memory_probe.h"
+#include "precision_probe.h"
 #include "reference_data.h"
 
 namespace lockstep::train {
@@ -59,6 +61,11 @@ TrainResult train(const TrainOptions& given) {
   const int64_t before_data = plan ? warm_up() : 0;
   one_thread.reset();
   ReferenceData data = o.text() ? make_text_data(o) : make_image_data(o);
+  std::optional<PrecisionTiming> timing;  // --precision auto; see Note [Choosing the precision by timing it]
+  if (o.precision() == Precision::kAuto) {
+    timing = time_precisions(data, o);
+    resolve_precision(o, timing->faster());  // this rank's pick, for the check below
+  }
   if (plan) {
     const SingleThreadGuard check_thread;
     ProcessMemory process;
@@ -75,6 +82,19 @@ TrainResult train(const TrainOptions& given) {
             .timeout(std::chrono::milliseconds(static_cast<int64_t>(std::llround(o.timeout() * 1000.0))))
             .allreduce(o.allreduce()));
   if (group && group->rank() == 0) report(o.trainer().reporter(), ReportKind::kInfo, "process group: " + group->describe());
+  if (timing) {
+    if (group) {  // every rank picks the same
+      timing->fp32_ms = group->average(timing->fp32_ms);
+      timing->bf16_ms = group->average(timing->bf16_ms);
+      resolve_precision(o, timing->faster());
+    }
+    if (world.rank == 0)
+      report(o.trainer().reporter(), ReportKind::kInfo,
+             "precision auto: a step of the first batch took " + log::fixed(timing->fp32_ms, 2) + " ms in fp32 and " +
+                 log::fixed(timing->bf16_ms, 2) + " ms in bf16 (" +
+                 amp::to_string(given.opt_level().value_or(amp::OptLevel::kO1)) + ") on this CPU: training in " +
+                 enum_name(precision_names(), o.precision()));
+  }
 
   // The weights are final before the strategy converts, broadcasts or shards them.
   auto model = data.make_model(group.get(), /*initial_weights=*/true);

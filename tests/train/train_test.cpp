@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -190,6 +191,31 @@ TEST(Trainer, GlobalBatchSizeSetsTheAccumulationForTheWorldSize) {
   EXPECT_THAT(refused, HasSubstr("it fits 1, 2, 3, 4, 6, 12 replica(s)"));
   EXPECT_THAT(testing::error_message([&] { train(quiet(run, [](TrainerOptions& t) { t.accum_steps(2); })); }),
               HasSubstr("give one"));
+}
+
+// --precision auto times both precisions, says what it measured, and trains in the faster one: the
+// run's settings then name fp32 or bf16, never auto.
+TEST(Trainer, PrecisionAutoTrainsInTheFasterPrecisionAndSaysWhich) {
+  testing::TempDir dir;
+  std::vector<std::string> said;
+  auto o = quiet(TrainOptions().model("convnet").data(DataSource::kSynthetic).limit(200).precision(Precision::kAuto),
+                 [&](TrainerOptions& t) {
+                   t.batch_size(50).log(log::RunLogOptions().jsonl(dir / "run.jsonl"));
+                   t.reporter([&](ReportKind, const std::string& line) { said.push_back(line); });
+                 });
+  const TrainResult r = train(o);
+  EXPECT_EQ(r.steps, 4);
+  const auto line = std::find_if(said.begin(), said.end(), [](const std::string& l) { return l.rfind("precision auto:", 0) == 0; });
+  ASSERT_NE(line, said.end());
+  double fp32 = 0, bf16 = 0;
+  char chosen[8] = {};
+  ASSERT_EQ(std::sscanf(line->c_str(), "precision auto: a step of the first batch took %lf ms in fp32 and %lf ms in bf16 "
+                                       "(O1) on this CPU: training in %7s", &fp32, &bf16, chosen), 3) << *line;
+  EXPECT_EQ(std::string(chosen), bf16 < fp32 ? "bf16" : "fp32") << *line;
+  EXPECT_THAT(testing::read_text(dir / "run.jsonl"), HasSubstr(std::string("\"precision\":\"") + chosen + "\""));
+  // O0 is fp32's level: with auto it could only mean fp32, so it is refused.
+  EXPECT_THAT(testing::error_message([&] { train(TrainOptions(o).opt_level(amp::OptLevel::kO0)); }),
+              HasSubstr("--precision auto with --opt-level O0"));
 }
 
 // A run checkpointed mid-epoch and resumed from there ends exactly where an uninterrupted one does.

@@ -23,8 +23,10 @@ namespace lockstep::train {
 
 // The closed sets of `lockstep train`'s values; each *_names() lists them once, in enum order (see
 // core/names.h).
-enum class Precision { kFp32, kBf16, kFp16 };
-const std::vector<std::string>& precision_names();  // fp32, bf16, fp16
+// kAuto: fp32 or bf16, whichever trains the model faster on this CPU, measured at the start of
+// the run (see Note [Choosing the precision by timing it]); elsewhere it counts as bf16.
+enum class Precision { kFp32, kBf16, kFp16, kAuto };
+const std::vector<std::string>& precision_names();  // fp32, bf16, fp16, auto
 enum class DataSource { kFashionMnist, kSynthetic, kFortunes, kText, kImageFolder, kCsv };
 // fashion-mnist, synthetic, fortunes, text (the CLI spells it text:FILE), imagefolder, csv
 const std::vector<std::string>& data_source_names();
