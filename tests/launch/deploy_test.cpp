@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+
 #include "../test_util.h"
 
 namespace lockstep {
@@ -52,6 +54,31 @@ TEST(Deploy, PyTorchJobRunsLockstepWithFlagsItHas) {
       EXPECT_THAT(command, ::testing::Not(::testing::Contains(std::string(node_flag))));
   }
   EXPECT_EQ(replicas, 2);
+}
+
+// deploy/pytorchjob-elastic.yaml: an elastic job whose command lists every pod it may have as a
+// rendezvous endpoint and keeps its global batch; its flags are lockstep's.
+TEST(Deploy, ElasticPyTorchJobListsItsPodsAndKeepsItsGlobalBatch) {
+  const YAML::Node job = YAML::LoadFile(std::string(LOCKSTEP_SOURCE_DIR) + "/deploy/pytorchjob-elastic.yaml");
+  EXPECT_EQ(job["kind"].as<std::string>(), "PyTorchJob");
+  const YAML::Node policy = job["spec"]["elasticPolicy"];
+  const int min = policy["minReplicas"].as<int>(), max = policy["maxReplicas"].as<int>();
+  EXPECT_LT(min, max);
+  const YAML::Node spec = job["spec"]["pytorchReplicaSpecs"]["Worker"];
+  EXPECT_EQ(spec["replicas"].as<int>(), max);
+  const auto command = spec["template"]["spec"]["containers"][0]["command"].as<std::vector<std::string>>();
+  const std::string run_help = testing::run_command(std::string(LOCKSTEP_CLI) + " run --help").output;
+  const std::string train_help = testing::run_command(std::string(LOCKSTEP_CLI) + " train --help").output;
+  for (const std::string& flag : flags(command, false)) EXPECT_THAT(run_help, HasSubstr(flag + " "));
+  for (const std::string& flag : flags(command, true)) EXPECT_THAT(train_help, HasSubstr(flag + " "));
+  const auto endpoints = std::find(command.begin(), command.end(), "--rdzv-endpoint");
+  ASSERT_NE(endpoints, command.end());
+  const std::string name = job["metadata"]["name"].as<std::string>();
+  for (int pod = 0; pod < max; ++pod) EXPECT_THAT(*(endpoints + 1), HasSubstr(name + "-worker-" + std::to_string(pod)));
+  // 1200 samples per step fit every world size of 2 to 4 pods x 2 workers with batch 50.
+  for (int pods = min; pods <= max; ++pods) EXPECT_EQ(1200 % (50 * 2 * pods), 0) << pods << " pods";
+  EXPECT_THAT(command, ::testing::Contains(std::string("--global-batch-size")));
+  EXPECT_THAT(command, ::testing::Contains(std::string("latest")));
 }
 
 }  // namespace
