@@ -119,6 +119,8 @@ CachingCpuAllocator::~CachingCpuAllocator() {
 
 CachingCpuAllocator* CachingCpuAllocator::installed() { return g_installed.load(); }
 
+int64_t CachingCpuAllocator::bound_bytes(int64_t peak_live_bytes) { return peak_live_bytes + peak_live_bytes / 8; }
+
 int64_t CachingCpuAllocator::size_class(int64_t bytes) const {
   if (bytes < large_block_bytes_) return round_up(std::max<int64_t>(bytes, 1), kPageBytes);
   int64_t power = 1;
@@ -150,19 +152,27 @@ void CachingCpuAllocator::release(void* data) {
     block.owner->give_back(data, block.size);
 }
 
-void* CachingCpuAllocator::take(int64_t size) const {
+void* CachingCpuAllocator::take(int64_t wanted) const {
   std::lock_guard<std::mutex> lock(blocks_mutex());
   void* data = nullptr;
-  const auto cached = free_.find(size);
+  int64_t size = wanted;
+  // Its class, else (when a new block would pass the bound) the smallest cached one up to twice it.
+  const int64_t limit = bound_bytes(stats_.peak_live_bytes);
+  auto cached = free_.find(wanted);
+  if (cached == free_.end() && stats_.live_bytes + stats_.cached_bytes + wanted > limit) {
+    cached = free_.upper_bound(wanted);
+    if (cached != free_.end() && cached->first > 2 * wanted) cached = free_.end();
+  }
   if (cached != free_.end()) {
+    size = cached->first;
     data = cached->second.back().data;
     cached->second.pop_back();
     if (cached->second.empty()) free_.erase(cached);
     stats_.cached_bytes -= size;
     ++stats_.reuses;
   } else {
-    // The bound: live + cached stays within the high water of live (this block included).
-    const int64_t bound = std::max(stats_.peak_live_bytes, stats_.live_bytes + size);
+    // The bound on live + cached, this block included.
+    const int64_t bound = std::max(limit, bound_bytes(stats_.live_bytes + size));
     while (stats_.live_bytes + stats_.cached_bytes + size > bound && unmap_oldest()) {}
     data = map_block(size);
     if (data == nullptr) {  // the cache's pages may be what the kernel is missing
