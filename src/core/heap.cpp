@@ -47,7 +47,8 @@ std::string set_glibc_thresholds(const HeapOptions& options) {
 // mutex that also guards the instances' free lists.
 struct LiveBlock {
   const CachingCpuAllocator* owner;  // nullptr once its allocator is gone: unmapped when freed
-  int64_t size;
+  int64_t size;                      // mapped
+  int64_t wanted;                    // the class asked for (size, or less in a larger block)
 };
 // Held across fork(), so that a child never inherits it locked by a thread it does not have.
 std::mutex& blocks_mutex() {
@@ -149,7 +150,7 @@ void CachingCpuAllocator::release(void* data) {
   if (block.owner == nullptr)
     ::munmap(data, static_cast<size_t>(block.size));
   else
-    block.owner->give_back(data, block.size);
+    block.owner->give_back(data, block.size, block.wanted);
 }
 
 void* CachingCpuAllocator::take(int64_t wanted) const {
@@ -172,7 +173,7 @@ void* CachingCpuAllocator::take(int64_t wanted) const {
     ++stats_.reuses;
   } else {
     // The bound on live + cached, this block included.
-    const int64_t bound = std::max(limit, bound_bytes(stats_.live_bytes + size));
+    const int64_t bound = std::max(limit, bound_bytes(stats_.live_class_bytes + wanted));
     while (stats_.live_bytes + stats_.cached_bytes + size > bound && unmap_oldest()) {}
     data = map_block(size);
     if (data == nullptr) {  // the cache's pages may be what the kernel is missing
@@ -185,14 +186,16 @@ void* CachingCpuAllocator::take(int64_t wanted) const {
     ++stats_.maps;
   }
   stats_.live_bytes += size;
-  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
-  live_blocks()[data] = {this, size};
+  stats_.live_class_bytes += wanted;
+  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_class_bytes);
+  live_blocks()[data] = {this, size, wanted};
   return data;
 }
 
-void CachingCpuAllocator::give_back(void* data, int64_t size) const {  // under blocks_mutex()
+void CachingCpuAllocator::give_back(void* data, int64_t size, int64_t wanted) const {  // under blocks_mutex()
   free_[size].push_back({data, frees_++});
   stats_.live_bytes -= size;
+  stats_.live_class_bytes -= wanted;
   stats_.cached_bytes += size;
 }
 
@@ -217,7 +220,7 @@ CachingCpuAllocator::Stats CachingCpuAllocator::stats() const {
 void CachingCpuAllocator::release_cached() {
   std::lock_guard<std::mutex> lock(blocks_mutex());
   while (unmap_oldest()) {}
-  stats_.peak_live_bytes = stats_.live_bytes;
+  stats_.peak_live_bytes = stats_.live_class_bytes;
 }
 
 }  // namespace lockstep

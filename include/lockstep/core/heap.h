@@ -65,13 +65,16 @@ std::string configure_heap(const HeapOptions& options = {});
 // - A freed block goes to its class's free list; the next request of that class takes the most
 //   recently freed one: no syscall, no page fault, so a step's repeated shapes cost the kernel
 //   nothing after the first step, as under configure_heap().
-// - The bound: the blocks mapped (live and cached) never exceed the largest total of live blocks
+// - The bound: the blocks mapped (live and cached) never exceed the largest total of live classes
 //   seen so far (peak_live_bytes) plus an eighth (bound_bytes()). A request its class cannot
 //   serve maps a new block only under that bound; over it, it takes the smallest cached block of
 //   a larger class up to twice its own (pages already resident: no fault, no syscall), and only
-//   when there is none are the least recently freed cached blocks unmapped first. So the resident
-//   memory of large blocks is the high water of live large blocks, at most an eighth more,
-//   whatever the order of frees, and that is what a plan computes (Note [Planning memory]). With
+//   when there is none are the least recently freed cached blocks unmapped first. The high water
+//   counts the class asked for, not the larger block, so taking larger blocks cannot raise the
+//   bound step after step; while such blocks are live, mapped memory can pass the bound by their
+//   extra size, never by more. So the resident memory of large blocks is the high water of live
+//   large tensors (in classes), at most an eighth more, whatever the order of frees, and that is
+//   what a plan computes (Note [Planning memory]). With
 //   no slack and no larger blocks, a step whose gradients come in other classes than the
 //   activations they replace unmapped and faulted in again every step (convnet at batch 100: six
 //   2.5 MiB blocks and others each step, 7 times the page faults of glibc's heap).
@@ -87,9 +90,10 @@ std::string configure_heap(const HeapOptions& options = {});
 class CachingCpuAllocator final : public c10::Allocator {
  public:
   struct Stats {
-    int64_t live_bytes = 0;       // large blocks in use (their mapped sizes)
-    int64_t cached_bytes = 0;     // large blocks freed and kept
-    int64_t peak_live_bytes = 0;  // the most live at once: bound_bytes() of it bounds live + cached
+    int64_t live_bytes = 0;        // large blocks in use (their mapped sizes)
+    int64_t live_class_bytes = 0;  // the classes asked for by those (less, for larger blocks taken)
+    int64_t cached_bytes = 0;      // large blocks freed and kept
+    int64_t peak_live_bytes = 0;   // the most live_class_bytes at once; bound_bytes() of it: the bound
     int64_t maps = 0, unmaps = 0, reuses = 0;
   };
 
@@ -119,7 +123,7 @@ class CachingCpuAllocator final : public c10::Allocator {
   };
   static void release(void* data);  // the deleter of every block it hands out
   void* take(int64_t wanted) const;
-  void give_back(void* data, int64_t size) const;
+  void give_back(void* data, int64_t size, int64_t wanted) const;
   bool unmap_oldest() const;
 
   int64_t large_block_bytes_;

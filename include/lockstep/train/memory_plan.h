@@ -53,7 +53,7 @@ namespace lockstep::train {
 // memory for the next step]), which the evaluation's tensors of another batch size cannot reuse:
 // there the evaluation adds to the step's activations; the heap's holes beside that (mlp-wide
 // zero2: 196 MiB free beside 129 MiB in use, and a different amount in each run) are not planned,
-// which is why the caching allocator exists (docs/memory-plan.md "Where the rest goes").
+// which is why the caching allocator exists (docs/memory-plan.md "Where the rest went").
 
 // How a plan is made.
 struct MemoryPlanOptions {
