@@ -101,8 +101,8 @@ std::string configure_heap(const HeapOptions& options) {
   TORCH_CHECK_VALUE(options.trim_threshold_bytes() > 0 && options.trim_threshold_bytes() <= INT_MAX,
                     "HeapOptions: trim_threshold_bytes=", options.trim_threshold_bytes(),
                     " must be in (0, 2 GiB), the range of mallopt's int");
+  const std::string caching = install_caching_allocator(options);  // first: it may refuse the environment
   const std::string glibc = set_glibc_thresholds(options);
-  const std::string caching = install_caching_allocator(options);
   return glibc.empty() || caching.empty() ? glibc + caching : glibc + "; " + caching;
 }
 
