@@ -181,9 +181,10 @@ struct Planner {
     if (!o.trainer().strategy_options().fsdp().reshard_after_forward()) m.buffers += gathered - largest;
   }
 
-  // The whole model's parameters (every rank holds them: Note [Pipeline strategy]), the stage's
-  // gradients; its activations are its blocks' share of a micro-batch's, times the micro-batches
-  // in flight (GPipe: all; 1F1B: at most the stages after it, itself included).
+  // A stage's parameters and their gradients, and in its buffers the other stages' weights (every
+  // rank holds the whole model for evaluation: Note [Pipeline strategy]); its activations are its
+  // blocks' share of a micro-batch's, times the micro-batches in flight (GPipe: all; 1F1B: at most
+  // the stages after it, itself included).
   void pipeline(RankMemory& m, int64_t r, int64_t* rows, double* activation_scale) const {
     const parallel::PipelineOptions& p = o.trainer().strategy_options().pipeline();
     const int64_t stages = pipeline_stages(o, world);
@@ -193,10 +194,12 @@ struct Planner {
     const auto placement = parallel::place_parameters(blocks, bounds, model.parameters());
     std::vector<std::vector<int64_t>> shapes;
     for (const torch::Tensor& t : parallel::stage_parameters(placement, stage).all()) {
-      m.gradients += parallel::tensor_bytes(t);
+      m.parameters += parallel::tensor_bytes(t);
       shapes.push_back(t.sizes().vec());
     }
-    for (const torch::Tensor& t : model.parameters()) m.parameters += parallel::tensor_bytes(t);
+    m.gradients = m.parameters;
+    for (const torch::Tensor& t : model.parameters()) m.buffers += parallel::tensor_bytes(t);
+    m.buffers -= m.parameters;
     m.optimizer_state = optimizer_bytes(make_optimizer, shapes);
     m.stage = stage;
     const int64_t micro = std::min(p.micro_batches(), probe.peak_rows);
