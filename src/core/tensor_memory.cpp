@@ -11,23 +11,26 @@ namespace lockstep {
 namespace {
 
 // See Note [Counting tensor bytes]. One instance, made once and never destroyed, since tensors it
-// made may outlive every guard.
+// made may outlive every guard. It wraps the allocator installed when the outermost guard starts
+// (c10's, or the caching one: Note [Caching large CPU blocks]) and frees each block with the
+// deleter that allocator gave it.
 class CountingAllocator final : public c10::Allocator {
  public:
   static CountingAllocator& instance() {
-    static CountingAllocator* counting = new CountingAllocator(c10::GetCPUAllocator());
+    static CountingAllocator* counting = new CountingAllocator;
     return *counting;
   }
 
   c10::DataPtr allocate(size_t n) const override {
     c10::DataPtr inner = inner_->allocate(n);
     TORCH_CHECK(inner.get() == inner.get_context(), "the CPU allocator is not raw-compatible: cannot count tensor bytes");
+    const c10::DeleterFnPtr free = inner.get_deleter();
     void* data = inner.release_context();
     const auto bytes = static_cast<int64_t>(n);
     const std::thread::id owner = std::this_thread::get_id();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      allocations_[data] = {bytes, owner};
+      allocations_[data] = {bytes, owner, free};
       per_thread_[owner] += bytes;
       live_ += bytes;
       peak_ = std::max(peak_, live_);
@@ -38,7 +41,10 @@ class CountingAllocator final : public c10::Allocator {
 
   void install() {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (installs_++ == 0) c10::SetCPUAllocator(this);
+    if (installs_++ == 0) {
+      inner_ = c10::GetCPUAllocator();
+      c10::SetCPUAllocator(this);
+    }
   }
   void uninstall() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -70,25 +76,30 @@ class CountingAllocator final : public c10::Allocator {
   struct Allocation {
     int64_t bytes;
     std::thread::id owner;
+    c10::DeleterFnPtr free;
   };
 
-  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+  CountingAllocator() = default;
 
   static void release(void* data) {
     CountingAllocator& self = instance();
+    c10::DeleterFnPtr free = nullptr;
     {
       std::lock_guard<std::mutex> lock(self.mutex_);
       const auto it = self.allocations_.find(data);
       if (it != self.allocations_.end()) {
         self.live_ -= it->second.bytes;
         self.per_thread_[it->second.owner] -= it->second.bytes;
+        free = it->second.free;
         self.allocations_.erase(it);
+      } else {
+        free = self.inner_->raw_deleter();
       }
     }
-    self.inner_->raw_deleter()(data);
+    free(data);
   }
 
-  c10::Allocator* inner_;
+  c10::Allocator* inner_ = c10::GetCPUAllocator();  // replaced at each outermost install
   mutable std::mutex mutex_;
   mutable std::unordered_map<void*, Allocation> allocations_;
   mutable std::unordered_map<std::thread::id, int64_t> per_thread_;

@@ -78,7 +78,7 @@ struct Planner {
     RankMemory m;
     m.rank = r;
     int64_t rows = probe.peak_rows;
-    double activation_scale = 1.0, eval_scale = 1.0;
+    double activation_scale = 1.0;
     int64_t grads_in_buffers = 0;  // gradients that are views of the buffers (ddp's buckets)
     switch (kind) {
       case parallel::StrategyKind::kLocal:
@@ -94,8 +94,7 @@ struct Planner {
         fsdp(m, r);
         break;
       case parallel::StrategyKind::kPipeline:
-        pipeline(m, r, &rows, &activation_scale);
-        eval_scale = activation_scale / static_cast<double>(std::min(o.trainer().strategy_options().pipeline().micro_batches(), probe.peak_rows));
+        pipeline(m, r, &rows, &activation_scale);  // evaluation runs the whole model on every rank
         break;
     }
     const int64_t grads_local = probe.local.grad_bytes, optim_local = probe.local.optim_bytes - probe.masters;
@@ -106,10 +105,11 @@ struct Planner {
         activation_scale * static_cast<double>(std::max<int64_t>(0, probe.first.at(rows) - grads_local - optim_local)));
     m.first_step = held + m.optimizer_state + first_extra;
     if (eval_batch_size > 0) {  // the held-out split, evaluated after each epoch
-      // See Note [Planning memory]: the heap keeps the step's freed blocks, which tensors of
-      // another batch size cannot reuse.
-      const int64_t eval = std::llround(eval_scale * static_cast<double>(probe.eval_bytes));
-      m.evaluation = held + m.optimizer_state + (eval_batch_size == rows ? std::max(eval, m.activations) : eval + m.activations);
+      // See Note [Planning memory]: glibc's heap keeps the step's freed blocks, which tensors of
+      // another batch size cannot reuse; the caching allocator unmaps them for the evaluation's.
+      const int64_t eval = probe.eval_bytes;
+      const bool reused = eval_batch_size == rows || CachingCpuAllocator::installed() != nullptr;
+      m.evaluation = held + m.optimizer_state + (reused ? eval : eval + m.activations);
     }
     return m;
   }
@@ -181,9 +181,10 @@ struct Planner {
     if (!o.trainer().strategy_options().fsdp().reshard_after_forward()) m.buffers += gathered - largest;
   }
 
-  // A stage's parameters and their gradients; its activations are its blocks' share of a
-  // micro-batch's, times the micro-batches in flight (GPipe: all; 1F1B: at most the stages after
-  // it, itself included).
+  // A stage's parameters and their gradients, and in its buffers the other stages' weights (every
+  // rank holds the whole model for evaluation: Note [Pipeline strategy]); its activations are its
+  // blocks' share of a micro-batch's, times the micro-batches in flight (GPipe: all; 1F1B: at most
+  // the stages after it, itself included).
   void pipeline(RankMemory& m, int64_t r, int64_t* rows, double* activation_scale) const {
     const parallel::PipelineOptions& p = o.trainer().strategy_options().pipeline();
     const int64_t stages = pipeline_stages(o, world);
@@ -197,6 +198,8 @@ struct Planner {
       shapes.push_back(t.sizes().vec());
     }
     m.gradients = m.parameters;
+    for (const torch::Tensor& t : model.parameters()) m.buffers += parallel::tensor_bytes(t);
+    m.buffers -= m.parameters;
     m.optimizer_state = optimizer_bytes(make_optimizer, shapes);
     m.stage = stage;
     const int64_t micro = std::min(p.micro_batches(), probe.peak_rows);
@@ -214,6 +217,12 @@ int64_t layout_bytes(const torch::nn::Module& model) {
   for (const torch::Tensor& t : model.parameters()) bytes += parallel::tensor_bytes(t);
   for (const torch::Tensor& t : model.buffers()) bytes += parallel::tensor_bytes(t);
   return bytes;
+}
+
+// Gives glibc's free pages and the caching allocator's cached blocks back (after a dry run).
+void release_heap() {
+  malloc_trim(0);
+  if (CachingCpuAllocator* caching = CachingCpuAllocator::installed()) caching->release_cached();
 }
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
@@ -339,7 +348,7 @@ MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, con
     // See Note [Planning memory]: the code and kernels the steps touched count; the heap the dry
     // run freed goes back first, so what remains is the process and its data (and the layout's
     // model, when the check's lower bound built it already: its weights are no baseline).
-    malloc_trim(0);
+    release_heap();
     const int64_t layout = process.layout ? layout_bytes(*process.layout) : 0;
     process.baseline = std::max<int64_t>(0, resident_bytes() - process.data - layout);
   }
@@ -352,7 +361,7 @@ MemoryPlan plan_model_states(const TrainOptions& o, const MemoryPlanOptions& p, 
                              ProcessMemory& process) {
   p.validate();
   const GeneratorStateGuard generator;  // the layout's model draws its initial weights
-  malloc_trim(0);  // the heap's free pages would not count in a planned baseline either
+  release_heap();  // the heap's free pages would not count in a planned baseline either
   ProcessMemory now;
   now.baseline = resident_bytes() - (process.layout ? layout_bytes(*process.layout) : 0);  // its code, its data
   if (!process.layout) process.layout = data.make_model(nullptr, /*initial_weights=*/false);

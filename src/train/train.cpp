@@ -73,6 +73,8 @@ TrainResult train(const TrainOptions& given) {
     const int64_t local_ranks = std::max<int64_t>(1, env_int("LOCAL_WORLD_SIZE").value_or(1));
     check_memory_plan(o, MemoryPlanOptions().world_size(world.world_size).local_ranks(local_ranks), data, process,
                       available_memory(MemoryLimitOptions().local_ranks(local_ranks)));
+    // The dry runs' blocks and high water are not the run's: See Note [Caching large CPU blocks].
+    if (CachingCpuAllocator* caching = CachingCpuAllocator::installed()) caching->release_cached();
   }
   // After the check: a refused run does not wait for its peers to meet (Note [Refusing fast]).
   std::unique_ptr<dist::ProcessGroup> group;

@@ -6,7 +6,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "in_child.h"
 
 namespace lockstep {
 namespace {
@@ -27,40 +27,25 @@ constexpr int kSteps = 10;
 // kBlocks blocks. Returns the minor page faults of rounds 2..kSteps (the first faults in any case),
 // or -1 if configure_heap() declined.
 long faults_of_repeated_steps(bool configure) {
-  int fds[2];
-  if (::pipe(fds) != 0) return -2;
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(fds[0]);
-    long faults = -1;
-    if (!configure || configure_heap().empty()) {
-      void* primer = std::malloc(size_t{8} << 20);  // freed from its own pages: glibc's threshold rises to 8 MiB
-      std::memset(primer, 1, size_t{8} << 20);
-      std::free(primer);
-      rusage before{};
-      for (int step = 0; step < kSteps; ++step) {
-        if (step == 1) ::getrusage(RUSAGE_SELF, &before);
-        std::vector<void*> blocks;
-        for (int64_t b = 0; b < kBlocks; ++b) {
-          blocks.push_back(std::malloc(kBlockBytes));
-          std::memset(blocks.back(), static_cast<int>(step + b), kBlockBytes);
-        }
-        for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) std::free(*it);
+  return static_cast<long>(testing::in_child([configure]() -> int64_t {
+    if (configure && !configure_heap(HeapOptions().caching_allocator(false)).empty()) return -1;
+    void* primer = std::malloc(size_t{8} << 20);  // freed from its own pages: glibc's threshold rises to 8 MiB
+    std::memset(primer, 1, size_t{8} << 20);
+    std::free(primer);
+    rusage before{};
+    for (int step = 0; step < kSteps; ++step) {
+      if (step == 1) ::getrusage(RUSAGE_SELF, &before);
+      std::vector<void*> blocks;
+      for (int64_t b = 0; b < kBlocks; ++b) {
+        blocks.push_back(std::malloc(kBlockBytes));
+        std::memset(blocks.back(), static_cast<int>(step + b), kBlockBytes);
       }
-      rusage after{};
-      ::getrusage(RUSAGE_SELF, &after);
-      faults = after.ru_minflt - before.ru_minflt;
+      for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) std::free(*it);
     }
-    const ssize_t written = ::write(fds[1], &faults, sizeof(faults));
-    ::_exit(written == sizeof(faults) ? 0 : 1);
-  }
-  ::close(fds[1]);
-  long faults = -3;
-  if (::read(fds[0], &faults, sizeof(faults)) != sizeof(faults)) faults = -3;
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  return faults;
+    rusage after{};
+    ::getrusage(RUSAGE_SELF, &after);
+    return after.ru_minflt - before.ru_minflt;
+  }));
 }
 
 TEST(Heap, FreedStepMemoryIsReusedInsteadOfFaultedInAgain) {
@@ -76,11 +61,12 @@ TEST(Heap, FreedStepMemoryIsReusedInsteadOfFaultedInAgain) {
 }
 
 TEST(Heap, TheEnvironmentsSettingIsLeftAlone) {
+  const HeapOptions glibc_only = HeapOptions().caching_allocator(false);  // this process keeps its allocator
   ::setenv("MALLOC_TRIM_THRESHOLD_", "131072", 1);
-  EXPECT_THAT(configure_heap(), ::testing::HasSubstr("MALLOC_TRIM_THRESHOLD_ sets glibc's malloc thresholds"));
+  EXPECT_THAT(configure_heap(glibc_only), ::testing::HasSubstr("MALLOC_TRIM_THRESHOLD_ sets glibc's malloc thresholds"));
   ::unsetenv("MALLOC_TRIM_THRESHOLD_");
   ::setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536", 1);
-  EXPECT_THAT(configure_heap(), ::testing::HasSubstr("GLIBC_TUNABLES sets"));
+  EXPECT_THAT(configure_heap(glibc_only), ::testing::HasSubstr("GLIBC_TUNABLES sets"));
   ::unsetenv("GLIBC_TUNABLES");
 }
 

@@ -45,27 +45,15 @@ namespace lockstep::train {
 // state exists and activations and gradients peak together at the end of backward; and the
 // evaluation after an epoch, a forward without grad on eval_batch_size rows (200 for images, twice
 // a small training batch) while the gradients and the state are still held.
-// Resident memory is not live memory: train() keeps freed blocks in the heap (Note [Keeping freed
-// memory for the next step]), and blocks freed by the step cannot serve the evaluation's tensors of
-// another batch size, nor the collectives' tensors of other sizes. So the terms add: a rank's
-// resident peak is the step's high water plus the evaluation's plus the collectives', not their
-// maximum.
-// What the plan still misses, measured (issue 34; glibc's statistics sampled every 5 ms through
-// the runs, docs/memory-plan.md "Where the rest goes"): the heap's free memory. With
-// configure_heap()'s thresholds every block up to 32 MiB comes from glibc's heap and stays there
-// when freed, and a freed block serves a later request only where one fits: steps that allocate
-// blocks of several sizes in changing order leave holes and grow the heap past the live high
-// water, step by step until it settles. Two ranks of mlp-wide under zero2: 129 MiB of the heap in
-// use at the step's peak, 196 MiB free beside it (the reduce-scatter bucket, the all-gather output
-// and the gradients, 12-28 MiB each); resnet18 on one rank: a 544 MiB heap with at most about
-// 310 MiB in use, and evaluation's 50 MiB blocks (200 rows, above the mmap threshold) mapped on
-// top. Gloo runs the all-gather on its own thread, whose glibc arena holds another 29-89 MiB.
-// That slack depends on the order of the allocations, not on their sizes alone, and is not
-// planned; a lower mmap threshold removes it (zero2 on mlp-wide: 341 MiB per rank at 4 MiB,
-// against 433-474 at 32) but pays for it in page faults every step (+60 ms of kernel time per
-// step and rank there, +14 ms on one rank of mlp-wide), which is what configure_heap() exists to
-// avoid; one glibc arena (M_ARENA_MAX=1) saved 20-36 MiB on ddp and zero2 and cost 14 MiB on the
-// pipeline, so the heap keeps glibc's arenas.
+// Resident memory is not live memory. Under the caching allocator (Note [Caching large CPU
+// blocks], the default), the blocks of 1 MiB and more that the process maps never exceed the high
+// water of live ones, so a moment's resident tensors are its live tensors (the step's freed blocks
+// are unmapped for the evaluation's when they do not fit) and the moments take their maximum.
+// Under LOCKSTEP_CPU_ALLOCATOR=glibc the heap keeps the step's freed blocks (Note [Keeping freed
+// memory for the next step]), which the evaluation's tensors of another batch size cannot reuse:
+// there the evaluation adds to the step's activations; the heap's holes beside that (mlp-wide
+// zero2: 196 MiB free beside 129 MiB in use, and a different amount in each run) are not planned,
+// which is why the caching allocator exists (docs/memory-plan.md "Where the rest went").
 
 // How a plan is made.
 struct MemoryPlanOptions {
