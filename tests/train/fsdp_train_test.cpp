@@ -44,7 +44,7 @@ TEST(FsdpTrain, TwoRankCheckpointResumesInOneProcess) {
   ASSERT_EQ(one.exit_code, 0) << one.output;
   EXPECT_THAT(one.output, HasSubstr("resumed from"));
   EXPECT_THAT(one.output, HasSubstr("was written by 2 data-parallel replica(s) of batch 20 (40 samples per "
-                                    "micro-batch); this run "
+                                    "step); this run "
                                     "has 1 of batch 40 (40). The global batch is the same"));
   expect_close_state(dir / "straight.pt", out, 1e-4);
 }
