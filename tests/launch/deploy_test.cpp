@@ -75,9 +75,16 @@ TEST(Deploy, ElasticPyTorchJobListsItsPodsAndKeepsItsGlobalBatch) {
   ASSERT_NE(endpoints, command.end());
   const std::string name = job["metadata"]["name"].as<std::string>();
   for (int pod = 0; pod < max; ++pod) EXPECT_THAT(*(endpoints + 1), HasSubstr(name + "-worker-" + std::to_string(pod)));
-  // 1200 samples per step fit every world size of 2 to 4 pods x 2 workers with batch 50.
-  for (int pods = min; pods <= max; ++pods) EXPECT_EQ(1200 % (50 * 2 * pods), 0) << pods << " pods";
-  EXPECT_THAT(command, ::testing::Contains(std::string("--global-batch-size")));
+  // The global batch fits every world size of MIN to MAX pods x nprocPerNode workers.
+  const auto value = [&](const std::string& flag) {
+    const auto it = std::find(command.begin(), command.end(), flag);
+    return it == command.end() || it + 1 == command.end() ? 0 : std::stoi(*(it + 1));
+  };
+  const int global = value("--global-batch-size"), batch = value("--batch-size");
+  const int nproc = std::stoi(job["spec"]["nprocPerNode"].as<std::string>());
+  ASSERT_GT(global, 0);
+  ASSERT_GT(batch, 0);
+  for (int pods = min; pods <= max; ++pods) EXPECT_EQ(global % (batch * nproc * pods), 0) << pods << " pods";
   EXPECT_THAT(command, ::testing::Contains(std::string("latest")));
 }
 
