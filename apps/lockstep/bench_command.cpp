@@ -111,6 +111,10 @@ Command add_bench_command(CLI::App& app, const std::string& argv0, const std::st
       ->check(cli::positive_count())->group(coll);
   cmd->add_option("--iterations", collectives->iterations(), "Timed samples per size; the median is reported (-n)")
       ->check(cli::positive_count())->group(coll);
+  cmd->add_flag("--warm-cache", collectives->warm_cache(),
+                "Every call reuses one buffer, which stays in cache between calls (Intel MPI Benchmarks' default); "
+                "by default calls rotate through buffers spanning twice the last-level cache")
+      ->group(coll);
   return {cmd, [cmd, o, matrix_file, sweep, sweep_flag, loader, loader_flag, collectives, collectives_flag, argv0,
                 command_line] {
             if (*collectives_flag) return run_collectives(*collectives, o->out());

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "checks.h"
@@ -21,24 +22,27 @@ std::string format(const char* pattern, double a, double b = 0.0, double c = 0.0
   return text;
 }
 
-// Each results file's rows; the model fitted from all of them; every all-reduce row beside it.
+// Each results file's rows, files of one configuration as its runs (their medians); the model
+// fitted from them; every all-reduce row beside it.
 int check_model(const TimePlanFlags& f) {
-  std::vector<bench::CollectiveTiming> rows;
+  std::vector<bench::CollectiveTiming> all;
   for (const auto& path : f.collectives) {
     const auto more = bench::read_collectives_csv(path);
-    rows.insert(rows.end(), more.begin(), more.end());
+    all.insert(all.end(), more.begin(), more.end());
   }
+  const std::vector<bench::CollectiveTiming> rows = bench::median_of_runs(all);
   const dist::CollectiveCosts costs = bench::fit_collective_costs(rows, f.min_bytes);
   std::cout << "link (from 2 hosts x 1 rank): " << costs.link.describe() << "\n"
             << "host (from 1 host x 2 ranks, shared memory, one all-reduce): " << costs.host.describe() << "\n"
-            << "| hosts x ranks | algorithm | size (MiB) | measured (ms) | predicted (ms) | error |\n"
-            << "|---------------|-----------|-----------:|--------------:|---------------:|------:|\n";
+            << "| hosts x ranks | algorithm | size (MiB) | runs | measured (ms, median) | predicted (ms) | error |\n"
+            << "|---------------|-----------|-----------:|-----:|----------------------:|---------------:|------:|\n";
   double worst = 0.0;
   for (const auto& c : bench::check_collective_costs(costs, rows, f.min_bytes)) {
     const auto& m = c.measured;
     worst = std::max(worst, std::abs(c.error()));
     std::cout << "| " << m.hosts << " x " << m.ranks / m.hosts << " | " << m.algorithm << " | "
-              << format("%.0f", static_cast<double>(m.bytes) / (1 << 20)) << " | " << format("%.2f", m.seconds * 1e3)
+              << format("%.0f", static_cast<double>(m.bytes) / (1 << 20)) << " | " << m.runs << " | "
+              << format("%.2f", m.seconds * 1e3)
               << " | " << format("%.2f", c.predicted_s * 1e3) << " | " << format("%+.1f%%", c.error() * 100) << " |\n";
   }
   std::cout << format("worst error: %.1f%%\n", worst * 100);
@@ -90,8 +94,8 @@ int scaling(const TimePlanFlags& f) {
   if (!f.svg.empty()) {
     const std::string chart = log::line_chart_svg(
         log::LineChartOptions()
-            .title("Predicted scaling efficiency, " + std::to_string(f.ranks_per_node) + " ranks per host, link " +
-                   f.link)
+            .title("Predicted scaling efficiency of " + std::filesystem::path(f.profile_log).stem().string() + ", " +
+                   std::to_string(f.ranks_per_node) + " ranks per host, link " + f.link)
             .x_label("ranks, log2 (3: 8, 6: 64, 10: 1024)")
             .integer_x(true)
             .y_label("efficiency (%)")

@@ -19,7 +19,7 @@ struct TimePlanFlags {
   int64_t nodes = 0;  // 0: no scaling table
   int64_t ranks_per_node = 1;
   std::string link = "100Gbit/5us";
-  std::string host_link = "52Gbit/13us";  // this machine's shared memory, fitted in docs/scaling.md
+  std::string host_link = "41Gbit/31us";  // this machine's shared memory, cold buffers, fitted in docs/scaling.md
   std::string svg;  // --nodes: the efficiency curves, as an SVG file
   std::string profile_log;
 };

@@ -2,6 +2,7 @@
 #include "lockstep/bench/collectives_bench.h"
 
 #include <c10/util/StringUtil.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +20,25 @@ using log::fixed;
 
 using Clock = std::chrono::steady_clock;
 constexpr double kSampleSeconds = 0.1;  // see Note [Collective bandwidths]
+constexpr int64_t kMaxSlots = 1024;      // views a cold call rotates through at most
+
+// Bytes of buffers each call rotates through (Note [Collective bandwidths]): twice the last-level
+// cache, so no call finds its data still in cache from the one before it.
+int64_t cold_pool_bytes() {
+  const long llc = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return 2 * (llc > 0 ? static_cast<int64_t>(llc) : int64_t{32} << 20);
+}
+
+// `slots` equal buffers of `numel` fp32 cut from one allocation; call c uses slot c % slots.
+struct Rotation {
+  std::vector<torch::Tensor> slots;
+  int64_t next = 0;
+  Rotation(int64_t numel, int64_t count) {
+    const torch::Tensor all = torch::ones({numel * count});
+    for (int64_t s = 0; s < count; ++s) slots.push_back(all.narrow(0, s * numel, numel));
+  }
+  torch::Tensor& take() { return slots[static_cast<size_t>(next++ % static_cast<int64_t>(slots.size()))]; }
+};
 
 // One call of `collective` on `group` with fp32 buffers of `bytes` (Note [Collective bandwidths]).
 struct Call {
@@ -26,22 +46,22 @@ struct Call {
   double bus_factor;
 };
 
-Call make_call(dist::ProcessGroup& group, const std::string& collective, int64_t bytes) {
+Call make_call(dist::ProcessGroup& group, const std::string& collective, int64_t bytes, bool warm) {
   const int64_t n = group.size(), numel = std::max<int64_t>(1, bytes / 4);
   const double ring = static_cast<double>(n - 1) / static_cast<double>(n);
-  if (collective == "all_reduce") {
-    auto t = std::make_shared<torch::Tensor>(torch::ones({numel}));
-    return {[&group, t] { group.all_reduce(*t); }, 2.0 * ring};
-  }
-  if (collective == "broadcast") {
-    auto t = std::make_shared<torch::Tensor>(torch::ones({numel}));
-    return {[&group, t] { group.broadcast(*t, 0); }, 1.0};
+  const int64_t slots =
+      warm ? 1 : std::clamp<int64_t>((cold_pool_bytes() + bytes - 1) / std::max<int64_t>(bytes, 4), 1, kMaxSlots);
+  if (collective == "all_reduce" || collective == "broadcast") {
+    auto t = std::make_shared<Rotation>(numel, slots);
+    if (collective == "all_reduce") return {[&group, t] { group.all_reduce(t->take()); }, 2.0 * ring};
+    return {[&group, t] { group.broadcast(t->take(), 0); }, 1.0};
   }
   const int64_t part = std::max<int64_t>(1, numel / n);  // S rounded down to N equal parts
-  auto whole = std::make_shared<torch::Tensor>(torch::ones({part * n}));
-  auto mine = std::make_shared<torch::Tensor>(torch::ones({part}));
-  if (collective == "reduce_scatter") return {[&group, whole, mine] { group.reduce_scatter(*mine, *whole); }, ring};
-  return {[&group, whole, mine] { group.all_gather_into(*whole, *mine); }, ring};
+  auto whole = std::make_shared<Rotation>(part * n, slots);
+  auto mine = std::make_shared<Rotation>(part, slots);
+  if (collective == "reduce_scatter")
+    return {[&group, whole, mine] { group.reduce_scatter(mine->take(), whole->take()); }, ring};
+  return {[&group, whole, mine] { group.all_gather_into(whole->take(), mine->take()); }, ring};
 }
 
 // The slowest rank's mean seconds per call over `calls` back to back, the same on every rank.
@@ -88,7 +108,7 @@ std::vector<CollectiveTiming> run_collectives_bench(dist::ProcessGroup& world, c
     for (const std::string collective : {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}) {
       for (auto& [algorithm, group] : groups) {
         if (algorithm != "flat" && collective != "all_reduce") continue;
-        Call call = make_call(*group, collective, bytes);
+        Call call = make_call(*group, collective, bytes, options.warm_cache());
         // Warm-up (connections, pages, the shared-memory slots) and a first estimate; then enough
         // calls per sample that the ranks' skew leaving the barrier is under ~1% of it.
         const double once = timed(*group, call.run, 1);

@@ -4,8 +4,11 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <tuple>
 
 #include "lockstep/log/run_record.h"
 
@@ -51,6 +54,32 @@ std::vector<CollectiveTiming> read_collectives_csv(const std::string& path) {
     rows.push_back(r);
   }
   return rows;
+}
+
+std::vector<CollectiveTiming> median_of_runs(const std::vector<CollectiveTiming>& rows) {
+  using Key = std::tuple<std::string, std::string, int64_t, int64_t, int64_t>;
+  std::vector<Key> order;
+  std::map<Key, std::vector<CollectiveTiming>> runs;
+  for (const auto& r : rows) {
+    const Key key{r.collective, r.algorithm, r.bytes, r.ranks, r.hosts};
+    auto& same = runs[key];
+    if (same.empty()) order.push_back(key);
+    same.push_back(r);
+  }
+  std::vector<CollectiveTiming> out;
+  for (const auto& key : order) {
+    auto& same = runs[key];
+    std::sort(same.begin(), same.end(), [](const auto& a, const auto& b) { return a.seconds < b.seconds; });
+    const size_t n = same.size();
+    CollectiveTiming m = same[n / 2];
+    m.seconds = n % 2 == 1 ? same[n / 2].seconds : (same[n / 2 - 1].seconds + same[n / 2].seconds) / 2.0;
+    const double bus_factor = m.algbw_gbps > 0.0 ? m.busbw_gbps / m.algbw_gbps : 0.0;
+    m.algbw_gbps = static_cast<double>(m.bytes) / m.seconds / 1e9;
+    m.busbw_gbps = m.algbw_gbps * bus_factor;
+    m.runs = static_cast<int64_t>(n);
+    out.push_back(m);
+  }
+  return out;
 }
 
 dist::CollectiveCosts fit_collective_costs(const std::vector<CollectiveTiming>& rows, int64_t min_bytes) {

@@ -85,7 +85,9 @@ LinkCost fit_line(const std::vector<double>& bytes, const std::vector<double>& s
     sxy += w * bytes[i] * seconds[i];
   }
   const double det = sw * sxx - sx * sx;
-  return LinkCost{(sxx * sy - sx * sxy) / det, (sw * sxy - sx * sy) / det};
+  const double alpha = (sxx * sy - sx * sxy) / det;
+  if (alpha >= 0.0) return LinkCost{alpha, (sw * sxy - sx * sy) / det};
+  return LinkCost{0.0, sxy / sxx};  // a latency is not negative: the best line through the origin
 }
 
 StepPrediction predict_step(const StepShape& step, const CollectiveCosts& costs, const ClusterShape& shape,

@@ -57,6 +57,35 @@ TEST(Scaling, TheFitRecoversTheLinkAndHostAndPredictsEveryOtherConfiguration) {
               ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("2 hosts x 1 rank at two sizes")));
 }
 
+// Three runs of one configuration (times x1, x1.02, x0.99), the second twice as slow at 16 MiB: every
+// row is the first run's, the middle one; an even count takes the mean of the middle two.
+TEST(Scaling, RunsOfOneConfigurationAreCheckedAtTheirMedian) {
+  dist::CollectiveCosts truth;
+  truth.link = dist::LinkCost{1.2e-4, 8.4e-9};
+  truth.host = dist::LinkCost{3e-5, 4e-10};
+  const std::vector<CollectiveTiming> run = modelled_rows(truth);
+  std::vector<CollectiveTiming> runs;
+  for (const double scale : {1.0, 1.02, 0.99}) {
+    for (CollectiveTiming r : run) {
+      r.seconds *= scale == 1.02 && r.bytes == (16 << 20) ? 2.0 : scale;
+      runs.push_back(r);
+    }
+  }
+  const auto medians = median_of_runs(runs);
+  ASSERT_EQ(medians.size(), run.size());
+  for (size_t i = 0; i < run.size(); ++i) {
+    EXPECT_EQ(medians[i].bytes, run[i].bytes);
+    EXPECT_EQ(medians[i].algorithm, run[i].algorithm);
+    EXPECT_EQ(medians[i].runs, 3);
+    EXPECT_NEAR(medians[i].seconds / run[i].seconds, 1.0, 1e-12)
+        << run[i].hosts << " x " << run[i].ranks << " at " << run[i].bytes;
+    EXPECT_NEAR(medians[i].algbw_gbps, static_cast<double>(run[i].bytes) / medians[i].seconds / 1e9, 1e-9);
+  }
+  std::vector<CollectiveTiming> two = {run[0], run[0]};
+  two[1].seconds = 3.0 * run[0].seconds;
+  EXPECT_NEAR(median_of_runs(two).at(0).seconds, 2.0 * run[0].seconds, 1e-12);
+}
+
 TEST(Scaling, AMalformedResultsFileIsNamedWithItsLine) {
   testing::TempDir dir;
   const std::string text = "collective,algorithm,bytes,ranks,hosts,time_us,algbw_gbps,busbw_gbps\nall_reduce,flat,x,2,1,1,1,1\n";

@@ -55,6 +55,20 @@ TEST(CostModel, TheFitRecoversALineAndRefusesOneSize) {
               ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("needs at least two distinct sizes")));
 }
 
+// Times whose free fit has a negative intercept (-56 us here, from 0.5% of noise on 1-64 MiB at 8 ns/B):
+// the fit keeps alpha at 0 and gives the weighted best slope through the origin, whose relative
+// errors stay within the noise.
+TEST(CostModel, TheFitNeverGivesANegativeLatency) {
+  const std::vector<double> bytes{1 << 20, 4 << 20, 16 << 20, 64 << 20};
+  const std::vector<double> noise{0.995, 1.0, 1.002, 1.001};
+  std::vector<double> seconds;
+  for (size_t i = 0; i < bytes.size(); ++i) seconds.push_back(bytes[i] * 8e-9 * noise[i]);
+  const LinkCost fit = fit_line(bytes, seconds);
+  EXPECT_EQ(fit.alpha, 0.0);
+  EXPECT_NEAR(fit.beta / 8e-9, 1.0, 5e-3);
+  for (size_t i = 0; i < bytes.size(); ++i) EXPECT_NEAR(fit.beta * bytes[i] / seconds[i], 1.0, 6e-3) << bytes[i];
+}
+
 TEST(CostModel, BucketsOverlapBackwardAndOnlyTheRestIsExposed) {
   CollectiveCosts c;
   c.link = LinkCost{0.0, 1e-9};  // 1 ns per byte: a 2-host x 1-rank ring takes S ns

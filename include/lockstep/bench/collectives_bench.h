@@ -24,6 +24,14 @@ namespace lockstep::bench {
 // algbw x 2(N-1)/N for an all-reduce, x (N-1)/N for a reduce-scatter or an all-gather, x 1 for a
 // broadcast: the rate each rank's link runs at in a bandwidth-optimal algorithm, comparable
 // across collectives and N.
+// Cold buffers (the default): each call takes the next of several equal buffers that together
+// span twice the last-level cache (at most 1024 of them), so its data come from memory, as a
+// training step's gradient buckets do after backward has streamed activations and weights through
+// the cache. One buffer reused by every call (warm_cache, Intel MPI Benchmarks' default) stays in
+// cache between calls while the ranks' buffers fit beside the other tenants of a shared L3; on one
+// host it made the shared-memory all-reduce 1.7x faster below that size and swing between runs
+// around it (docs/scaling.md). Messages under 64 KiB rotate through less than the cache: they cost
+// latency, not bandwidth.
 // Every all-reduce algorithm the group's hosts allow is measured (Note [Hierarchical
 // all-reduce]): flat always, hierarchical when every host holds the same number (>= 2) of ranks
 // and there are several hosts.
@@ -32,6 +40,7 @@ struct CollectivesBenchOptions {
   TORCH_ARG(int64_t, max_bytes) = int64_t{256} << 20;
   TORCH_ARG(int64_t, step_factor) = 4;  // each size is the previous one times this (nccl-tests' -f)
   TORCH_ARG(int64_t, iterations) = 5;   // timed samples per size
+  TORCH_ARG(bool, warm_cache) = false;    // every call reuses one buffer (see above)
   TORCH_ARG(std::string, out) = "";     // rank 0 writes collectives.csv, .md and .svg here; "": nowhere
 
  public:
@@ -48,6 +57,7 @@ struct CollectiveTiming {
   double seconds = 0.0;    // median of the calls
   double algbw_gbps = 0.0; // GB/s (10^9 bytes)
   double busbw_gbps = 0.0;
+  int64_t runs = 1;        // results files this row is the median of (bench/scaling.h)
 };
 
 // Collective over `world`: every rank calls it, and every rank gets the same rows. `progress`

@@ -16,6 +16,14 @@ namespace lockstep::bench {
 // naming the file and line of a malformed row.
 std::vector<CollectiveTiming> read_collectives_csv(const std::string& path);
 
+// Several results files of one configuration are runs of it: one row for each collective,
+// algorithm, size, ranks and hosts, its time the median of the runs' (the mean of the middle two
+// for an even count), `runs` how many there were, algbw and busbw recomputed from that time. On
+// this machine a run of 1 host x 2 ranks now and then takes twice as long at one size while the
+// runs beside it agree (docs/scaling.md); the medians of three runs are what the model is
+// checked against. Order: as each row first appears.
+std::vector<CollectiveTiming> median_of_runs(const std::vector<CollectiveTiming>& rows);
+
 // The link's alpha and beta from the flat all-reduces of 2 hosts x 1 rank (a ring of two: 2 alpha +
 // S beta), the host's from those of 1 host x 2 or more ranks, each over sizes >= min_bytes. Throws
 // c10::ValueError saying which configuration is missing.
