@@ -7,7 +7,10 @@
 // fp64, fp16 or bf16 sum or mean all-reduce goes through one shared-memory segment instead, as
 // DeepSpeed's CPU backend and oneCCL do; so does a broadcast of any contiguous CPU tensor (DDP's
 // buffers before every forward: over Gloo a round trip through its threads and the loopback for a
-// few hundred bytes). Everything else (max/min, other dtypes, all-gathers, several hosts,
+// few hundred bytes), and so do ZeRO's and FSDP's all_gather_into (any dtype) and reduce_scatter
+// (sums; means of fp32/fp64), which over Gloo cost a list all-gather or an all-to-all through the
+// loopback each, several per step (shm_gather_scatter.cpp: the same two steps per round of a
+// slot). Everything else (max/min, other dtypes, the list all_gather, several hosts,
 // InitOptions::shared_memory(kOff), LOCKSTEP_SHM=0 on any rank) goes to Gloo as before.
 //
 // Segment (shm_segment.cpp): rank 0 creates it (shm_open under a name unique to this group,
@@ -46,8 +49,6 @@
 // bytes_sent() keeps counting the ring model (Note [Counting bytes on the wire]).
 #include "shm_collectives.h"
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <c10/util/StringUtil.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -59,8 +60,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <type_traits>
 #include <vector>
+
+#include "shm_sum.h"
 
 namespace lockstep::dist {
 namespace {
@@ -84,26 +86,6 @@ void cpu_relax() {
 #endif
 }
 
-
-template <typename T>
-void sum_into(T* __restrict out, const std::vector<const T*>& in, int64_t n) {
-  const T* __restrict a = in[0];
-  const T* __restrict b = in[1];
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-  for (size_t q = 2; q < in.size(); ++q) {
-    const T* __restrict c = in[q];
-    for (int64_t i = 0; i < n; ++i) out[i] += c[i];
-  }
-}
-
-template <typename T>  // c10::Half, c10::BFloat16: summed in fp32, rounded once
-void sum_16_bit(T* out, const std::vector<const T*>& in, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float acc = static_cast<float>(in[0][i]) + static_cast<float>(in[1][i]);
-    for (size_t q = 2; q < in.size(); ++q) acc += static_cast<float>(in[q][i]);
-    out[i] = static_cast<T>(acc);
-  }
-}
 
 }  // namespace
 
@@ -140,12 +122,14 @@ bool ShmCollectives::accepts_broadcast(const torch::Tensor& tensor) {
 
 c10::intrusive_ptr<c10d::Work> ShmCollectives::all_reduce(const torch::Tensor& tensor) {
   Job job;
+  job.kind = Kind::kAllReduce;
   job.tensor = tensor;
   return enqueue(std::move(job), c10d::OpType::ALLREDUCE);
 }
 
 c10::intrusive_ptr<c10d::Work> ShmCollectives::broadcast(const torch::Tensor& tensor, int64_t root) {
   Job job;
+  job.kind = Kind::kBroadcast;
   job.tensor = tensor;
   job.root = root;
   return enqueue(std::move(job), c10d::OpType::BROADCAST);
@@ -181,23 +165,19 @@ void ShmCollectives::work_loop() {
 }
 
 void ShmCollectives::run(const Job& job) {
+  if (job.kind == Kind::kAllGather) return run_all_gather(job);
+  if (job.kind == Kind::kReduceScatter) return run_reduce_scatter(job);
   auto* data = static_cast<char*>(job.tensor.data_ptr());
   const int64_t element = static_cast<int64_t>(job.tensor.element_size());
   const int64_t numel = job.tensor.numel(), per_chunk = ShmSegment::kSlotBytes / element;
   const int64_t chunks = (numel + per_chunk - 1) / per_chunk;
-  const bool broadcast = job.root != kNoRoot;
-  ShmRankLine& mine = segment_->line(rank_);
+  const bool broadcast = job.kind == Kind::kBroadcast;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t offset = c * per_chunk, n = std::min(per_chunk, numel - offset);
     char* chunk = data + offset * element;
     const auto bytes = static_cast<size_t>(n * element);
     if (!broadcast || job.root == rank_) std::memcpy(segment_->slot(rank_), chunk, bytes);
-    if (c == 0) {
-      mine.numel = numel;
-      mine.dtype = static_cast<int32_t>(job.tensor.scalar_type());
-      mine.root = job.root;
-      mine.seq.store(job.seq, std::memory_order_relaxed);
-    }
+    if (c == 0) describe(job);
     announce();
     await_all(job, c, chunks, broadcast ? "its part of the broadcast" : "its input");
     if (c == 0) check_shapes(job);
@@ -218,27 +198,10 @@ void ShmCollectives::run(const Job& job) {
 }
 
 void ShmCollectives::sum_slice(const Job& job, int64_t begin, int64_t count) {
-  if (count == 0) return;
   const int64_t element = static_cast<int64_t>(job.tensor.element_size());
   std::vector<const void*> in;
   for (int64_t r = 0; r < size_; ++r) in.push_back(segment_->slot(r) + begin * element);
-  void* out = segment_->result() + begin * element;
-  const auto typed = [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    std::vector<const T*> slices;
-    for (const void* p : in) slices.push_back(static_cast<const T*>(p));
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      sum_into(static_cast<T*>(out), slices, count);
-    } else {
-      sum_16_bit(static_cast<T*>(out), slices, count);
-    }
-  };
-  switch (job.tensor.scalar_type()) {
-    case torch::kFloat: typed(static_cast<float*>(nullptr)); break;
-    case torch::kDouble: typed(static_cast<double*>(nullptr)); break;
-    case torch::kHalf: typed(static_cast<c10::Half*>(nullptr)); break;
-    default: typed(static_cast<c10::BFloat16*>(nullptr)); break;  // accepts() allows nothing else
-  }
+  shm::sum_slices(job.tensor.scalar_type(), segment_->result() + begin * element, in, count);
 }
 
 void ShmCollectives::announce() {
@@ -299,15 +262,27 @@ void ShmCollectives::await_all(const Job& job, int64_t chunk, int64_t chunks, co
   }
 }
 
+void ShmCollectives::describe(const Job& job) {
+  ShmRankLine& mine = segment_->line(rank_);
+  mine.numel = job.tensor.numel();
+  mine.dtype = static_cast<int32_t>(job.tensor.scalar_type());
+  mine.kind = static_cast<int32_t>(job.kind);
+  mine.root = job.root;
+  mine.seq.store(job.seq, std::memory_order_relaxed);
+}
+
 void ShmCollectives::check_shapes(const Job& job) {
   const auto what = [](const ShmRankLine& line) {
-    return c10::str(line.root == kNoRoot ? "an all-reduce" : c10::str("a broadcast from rank ", line.root), " of ",
-                    line.numel, " ", static_cast<c10::ScalarType>(line.dtype), " elements");
+    const char* names[] = {"an all-reduce", "a broadcast", "an all-gather", "a reduce-scatter"};
+    return c10::str(names[line.kind], line.kind == static_cast<int32_t>(Kind::kBroadcast)
+                                          ? c10::str(" from rank ", line.root) : std::string(),
+                    " of ", line.numel, " ", static_cast<c10::ScalarType>(line.dtype), " elements");
   };
   const ShmRankLine& mine = segment_->line(rank_);
   for (int64_t r = 0; r < size_; ++r) {
     const ShmRankLine& other = segment_->line(r);
-    TORCH_CHECK(other.numel == mine.numel && other.dtype == mine.dtype && other.root == mine.root,
+    TORCH_CHECK(other.numel == mine.numel && other.dtype == mine.dtype && other.kind == mine.kind &&
+                    other.root == mine.root,
                 "shared-memory ", job.name(), " #", job.seq, " on rank ", rank_, " of ", size_, ": this rank is in ",
                 what(mine), " but rank ", r, " is in ", what(other),
                 "; every rank must issue the same collectives, of tensors of the same size and dtype, in the same "

@@ -1,6 +1,7 @@
 #pragma once
-// The intra-host all-reduce and broadcast behind dist::ProcessGroup; see Note [Collectives through
-// shared memory] in shm_collectives.cpp. Internal to src/dist: users reach it through ProcessGroup.
+// The intra-host all-reduce, broadcast, all-gather and reduce-scatter behind dist::ProcessGroup;
+// see Note [Collectives through shared memory] in shm_collectives.cpp. Internal to src/dist: users
+// reach it through ProcessGroup.
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -15,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "lockstep/dist/process_group.h"
 #include "job_queue.h"
@@ -65,24 +67,45 @@ class ShmCollectives {
   static bool accepts(const torch::Tensor& tensor, ReduceOp op);
   // Whether broadcast takes `tensor`: contiguous CPU, any dtype (it moves bytes).
   static bool accepts_broadcast(const torch::Tensor& tensor);
-  // Each queues its collective on `tensor`, in place, and returns at once; collectives run in issue order.
+  // Whether all_gather takes `input` into `output`: both contiguous CPU of one dtype (it moves bytes).
+  static bool accepts_all_gather(const torch::Tensor& output, const torch::Tensor& input);
+  // Whether reduce_scatter takes `input` into `output` with `op`: both contiguous CPU, one dtype, kSum
+  // of fp32/fp64/fp16/bf16 or kMean of fp32/fp64 (the caller divides, as Gloo's path does in fp32).
+  static bool accepts_reduce_scatter(const torch::Tensor& output, const torch::Tensor& input, ReduceOp op);
+  // Each queues its collective and returns at once; collectives run in issue order. all_reduce and
+  // broadcast work on `tensor` in place; all_gather puts every rank's `input` (n elements) into
+  // `output` (N x n, rank order); reduce_scatter sums the ranks' `input`, whose consecutive parts
+  // hold counts[0], counts[1], ... elements, and gives this rank's part into `output` (counts[rank]).
   c10::intrusive_ptr<c10d::Work> all_reduce(const torch::Tensor& tensor);
   c10::intrusive_ptr<c10d::Work> broadcast(const torch::Tensor& tensor, int64_t root);
+  c10::intrusive_ptr<c10d::Work> all_gather(const torch::Tensor& output, const torch::Tensor& input);
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
+                                                std::vector<int64_t> counts);
+
+  enum class Kind : int32_t { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
 
  private:
-  static constexpr int64_t kNoRoot = -1;  // Job::root of an all-reduce
   struct Job {
-    torch::Tensor tensor;
-    int64_t root = kNoRoot;  // a broadcast's source rank
+    Kind kind = Kind::kAllReduce;
+    torch::Tensor tensor;  // in place (all-reduce, broadcast), or the input
+    torch::Tensor output;  // all-gather, reduce-scatter
+    std::vector<int64_t> counts;  // reduce-scatter: each rank's part, in elements
+    int64_t root = -1;  // a broadcast's source rank
     c10::intrusive_ptr<QueuedWork> work;
     uint64_t seq = 0;
     std::chrono::steady_clock::time_point deadline;
-    const char* name() const { return root == kNoRoot ? "all-reduce" : "broadcast"; }
+    const char* name() const {
+      const char* names[] = {"all-reduce", "broadcast", "all-gather", "reduce-scatter"};
+      return names[static_cast<int>(kind)];
+    }
   };
   c10::intrusive_ptr<c10d::Work> enqueue(Job job, c10d::OpType type);
   ShmCollectives(std::unique_ptr<ShmSegment> segment, int64_t rank, int64_t size, std::chrono::milliseconds timeout);
   void work_loop();
   void run(const Job& job);
+  void run_all_gather(const Job& job);      // shm_gather_scatter.cpp
+  void run_reduce_scatter(const Job& job);  // shm_gather_scatter.cpp
+  void describe(const Job& job);  // this rank's line: what it is in, for check_shapes
   void announce();
   // Waits until every rank has announced as many steps as this one; `step` says what they bring.
   void await_all(const Job& job, int64_t chunk, int64_t chunks, const char* step);

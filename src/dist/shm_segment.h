@@ -30,7 +30,8 @@ struct alignas(kShmLine) ShmRankLine {
   std::atomic<uint32_t> waiters;  // threads of other ranks asleep on `stage`
   std::atomic<uint64_t> seq;      // the collective this rank is in; with numel, root and dtype, for the shape check
   int64_t numel;
-  int64_t root;                   // a broadcast's source rank, or -1 for an all-reduce
+  int64_t root;                   // a broadcast's source rank, or -1
+  int32_t kind;                   // ShmCollectives::Kind of the collective
   int32_t dtype;
   int32_t pid;
 };

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <ostream>
+#include <tuple>
 #include <type_traits>
 
 // Note [BatchNorm's unexported pretty_print]: libtorch_cpu.so does not export
@@ -30,17 +31,47 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// x (N, C, d1, ...): the dimensions summed over per channel, and (1, C, 1, ...) to broadcast a (C) tensor.
-std::vector<int64_t> reduced_dims(const torch::Tensor& x) {
-  std::vector<int64_t> dims{0};
-  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
-  return dims;
-}
-
 torch::Tensor per_channel(const torch::Tensor& v, const torch::Tensor& x) {
   std::vector<int64_t> shape(x.dim(), 1);
   shape[1] = x.size(1);
   return v.view(shape);
+}
+
+// x (N, C, d1, ...) fp32 -> per channel, (C) fp64 each: the sum and the sum of squares, in one pass
+// over x's memory as it lies: channel-first blocks of d1 x ... values, or channels-last rows of C.
+std::pair<torch::Tensor, torch::Tensor> channel_sums(const torch::Tensor& x) {
+  const int64_t c = x.size(1);
+  torch::Tensor sum = torch::zeros({c}, torch::kDouble), squares = torch::zeros({c}, torch::kDouble);
+  double* s = sum.data_ptr<double>();
+  double* q = squares.data_ptr<double>();
+  const bool rows = (x.dim() == 4 && x.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
+                    (x.dim() == 5 && x.is_contiguous(at::MemoryFormat::ChannelsLast3d));
+  const torch::Tensor memory = rows ? x : x.contiguous();
+  const float* p = memory.data_ptr<float>();
+  if (rows) {  // (N x d1 x ..., C): each channel its own accumulator, the loop over channels vectorises
+    for (int64_t r = 0, n = x.numel() / c; r < n; ++r, p += c) {
+      for (int64_t j = 0; j < c; ++j) {
+        const double v = p[j];
+        s[j] += v;
+        q[j] += v * v;
+      }
+    }
+    return {sum, squares};
+  }
+  const int64_t block = x.numel() / std::max<int64_t>(1, x.size(0) * c);
+  for (int64_t i = 0; i < x.size(0); ++i) {
+    for (int64_t j = 0; j < c; ++j, p += block) {
+      double a = 0.0, b = 0.0;
+      for (int64_t k = 0; k < block; ++k) {
+        const double v = p[k];
+        a += v;
+        b += v * v;
+      }
+      s[j] += a;
+      q[j] += b;
+    }
+  }
+  return {sum, squares};
 }
 
 // The global batch's per-channel statistics (see Note [SyncBatchNorm]).
@@ -53,11 +84,9 @@ struct GlobalStats {
 GlobalStats global_stats(const torch::Tensor& x, dist::ProcessGroup& group) {
   const int64_t channels = x.size(1);
   const int64_t local = channels > 0 ? x.numel() / channels : 0;
-  const torch::Tensor x64 = x.detach().to(torch::kDouble);
-  const auto dims = reduced_dims(x);
-  torch::Tensor packed = torch::cat({torch::full({1}, static_cast<double>(local), torch::kDouble), x64.sum(dims),
-                                     x64.square().sum(dims)});  // (2C+1): count, sum, sum of squares
-  group.all_reduce(packed);
+  const auto [sum, squares] = channel_sums(x);
+  torch::Tensor packed = torch::cat({torch::full({1}, static_cast<double>(local), torch::kDouble), sum, squares});
+  group.all_reduce(packed);  // (2C+1): count, sum, sum of squares
   GlobalStats s;
   s.count = packed[0].item<double>();
   TORCH_CHECK_VALUE(s.count > 1, "SyncBatchNorm on rank ", group.rank(), " of ", group.size(), ": the global batch has ",
@@ -68,50 +97,68 @@ GlobalStats global_stats(const torch::Tensor& x, dist::ProcessGroup& group) {
   return s;
 }
 
-// y = x * scale + shift per channel, scale = invstd * weight, shift = bias - mean * scale (the form
-// of LibTorch's CPU batch_norm). Backward: see Note [SyncBatchNorm].
+// (x - mean) x invstd x weight + bias per channel, in one pass and with the subtraction first, by
+// LibTorch's own inference batch norm: `mean` and `var` (C) fp32 stand in for its running
+// statistics. x fp32 (N, C, ...); weight, bias (C) fp32 or undefined.
+torch::Tensor normalise(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                        const torch::Tensor& mean, const torch::Tensor& var, double eps) {
+  return torch::batch_norm(x, weight, bias, mean, var, /*training=*/false, /*momentum=*/0.0, eps,
+                           /*cudnn_enabled=*/false);
+}
+
+torch::Tensor as_float(const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat) : t; }
+
+// y = (x - mean) x invstd x weight + bias with the global batch's mean and invstd.
+// Backward: see Note [SyncBatchNorm].
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
  public:
-  // x (N, C, ...); weight, bias (C) or undefined; mean, invstd (C) fp32 of the global batch;
-  // count: values per channel in the global batch. -> (N, C, ...) in x's dtype.
+  // x (N, C, ...); weight, bias (C) or undefined; mean, var (C) fp32 of the global batch (var
+  // biased); count: values per channel in the global batch. -> (N, C, ...) in x's dtype.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               const torch::Tensor& bias, const torch::Tensor& mean, const torch::Tensor& invstd,
-                               double count, dist::ProcessGroup* group) {
-    ctx->save_for_backward({x, weight, mean, invstd});
+                               const torch::Tensor& bias, const torch::Tensor& mean, const torch::Tensor& var,
+                               double eps, double count, dist::ProcessGroup* group) {
+    ctx->save_for_backward({x, weight, mean, var});
+    ctx->saved_data["eps"] = eps;
     ctx->saved_data["count"] = count;
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
-    const torch::Tensor scale = weight.defined() ? invstd * weight.to(torch::kFloat) : invstd;
-    torch::Tensor shift = -mean * scale;
-    if (bias.defined()) shift += bias.to(torch::kFloat);
-    return (x.to(torch::kFloat) * per_channel(scale, x) + per_channel(shift, x)).to(x.scalar_type());
+    return normalise(x.to(torch::kFloat), as_float(weight), as_float(bias), mean, var, eps).to(x.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor &x = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3];
-    const double count = ctx->saved_data["count"].toDouble();
+    const torch::Tensor &weight = saved[1], &mean = saved[2], &var = saved[3];
+    const torch::Tensor x = saved[0].to(torch::kFloat), dy = grads[0].to(torch::kFloat);
+    const double eps = ctx->saved_data["eps"].toDouble(), count = ctx->saved_data["count"].toDouble();
     auto* group = reinterpret_cast<dist::ProcessGroup*>(ctx->saved_data["group"].toInt());
-    const torch::Tensor dy = grads[0].to(torch::kFloat);
-    const torch::Tensor x_hat = (x.to(torch::kFloat) - per_channel(mean, x)) * per_channel(invstd, x);
-    const auto dims = reduced_dims(x);
-    const torch::Tensor sum_dy = dy.sum(dims, false, torch::kDouble);                 // (C)
-    const torch::Tensor sum_dy_x_hat = (dy * x_hat).sum(dims, false, torch::kDouble);  // (C)
+    const torch::Tensor invstd = (var.to(torch::kDouble) + eps).rsqrt().to(torch::kFloat);
+    // This rank's sum of dy x x_hat and sum of dy per channel (C): LibTorch's batch-norm backward
+    // reduction, given the global mean and invstd, asked for nothing else.
+    // A rank without samples adds zeros (the kernel divides by its count).
+    torch::Tensor sum_dy_x_hat = torch::zeros_like(mean), sum_dy = torch::zeros_like(mean);
+    if (x.numel() > 0)
+      std::tie(std::ignore, sum_dy_x_hat, sum_dy) = torch::native_batch_norm_backward(
+          dy, x, /*weight=*/{}, {}, {}, mean, invstd, /*train=*/true, eps, {false, true, true});
 
     torch::Tensor grad_x, grad_weight, grad_bias;
     if (ctx->needs_input_grad(0)) {
-      torch::Tensor sums = torch::cat({sum_dy, sum_dy_x_hat});  // this rank's, then the global batch's
-      group->all_reduce(sums);
+      torch::Tensor global = torch::cat({sum_dy, sum_dy_x_hat}).to(torch::kDouble);  // the global batch's
+      group->all_reduce(global);
       const int64_t c = x.size(1);
-      const torch::Tensor mean_dy = (sums.narrow(0, 0, c) / count).to(torch::kFloat);
-      const torch::Tensor mean_dy_x_hat = (sums.narrow(0, c, c) / count).to(torch::kFloat);
-      const torch::Tensor scale = weight.defined() ? invstd * weight.to(torch::kFloat) : invstd;
-      grad_x = ((dy - per_channel(mean_dy, x) - x_hat * per_channel(mean_dy_x_hat, x)) * per_channel(scale, x))
-                   .to(x.scalar_type());
+      const torch::Tensor mean_dy = global.narrow(0, 0, c) / count, mean_dy_x_hat = global.narrow(0, c, c) / count;
+      const torch::Tensor scale =
+          weight.defined() ? invstd.to(torch::kDouble) * weight.to(torch::kDouble) : invstd.to(torch::kDouble);
+      // grad_x = scale (dy - mean_dy - x_hat mean_dy_x_hat): the x_hat term as a batch norm of x with
+      // weight -scale mean_dy_x_hat and bias -scale mean_dy, then + dy scale.
+      grad_x = normalise(x, (-scale * mean_dy_x_hat).to(torch::kFloat), (-scale * mean_dy).to(torch::kFloat), mean,
+                         var, eps)
+                   .addcmul_(dy, per_channel(scale.to(torch::kFloat), x))
+                   .to(saved[0].scalar_type());
     }
     // This rank's samples only, as PyTorch's SyncBatchNorm: DDP averages them over the ranks.
     if (weight.defined() && ctx->needs_input_grad(1)) grad_weight = sum_dy_x_hat.to(weight.scalar_type());
     if (ctx->needs_input_grad(2)) grad_bias = sum_dy.to(weight.defined() ? weight.scalar_type() : torch::kFloat);
-    return {grad_x, grad_weight, grad_bias, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {grad_x,          grad_weight,     grad_bias,       torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -149,7 +196,7 @@ torch::Tensor SyncBatchNormImpl<BatchNormImpl>::forward(const torch::Tensor& x) 
   // Eval mode, or one rank: BatchNorm itself, without communication.
   if (!this->is_training() || group_->size() == 1) return BatchNormImpl::forward(x);
   this->_check_input_dim(x);
-  const GlobalStats s = global_stats(x, *group_);
+  const GlobalStats s = global_stats(x.to(torch::kFloat), *group_);
   if (this->options.track_running_stats() && this->num_batches_tracked.defined()) {
     torch::NoGradGuard no_grad;
     this->num_batches_tracked += 1;
@@ -159,9 +206,8 @@ torch::Tensor SyncBatchNormImpl<BatchNormImpl>::forward(const torch::Tensor& x) 
     this->running_mean.copy_(this->running_mean.to(torch::kDouble) * (1 - factor) + s.mean * factor);
     this->running_var.copy_(this->running_var.to(torch::kDouble) * (1 - factor) + unbiased * factor);
   }
-  const torch::Tensor mean = s.mean.to(torch::kFloat);
-  const torch::Tensor invstd = (s.var + this->options.eps()).rsqrt().to(torch::kFloat);
-  return SyncBatchNormFunction::apply(x, this->weight, this->bias, mean, invstd, s.count, group_);
+  return SyncBatchNormFunction::apply(x, this->weight, this->bias, s.mean.to(torch::kFloat), s.var.to(torch::kFloat),
+                                      this->options.eps(), s.count, group_);
 }
 
 template <typename BatchNormImpl>

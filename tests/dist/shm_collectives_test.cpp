@@ -19,6 +19,7 @@
 
 #include "../test_util.h"
 #include "multi_rank.h"
+#include "shm_and_gloo.h"
 
 namespace lockstep::dist {
 namespace {
@@ -27,36 +28,8 @@ using ::testing::HasSubstr;
 using lockstep::testing::free_port;
 using lockstep::testing::loopback;
 using lockstep::testing::run_ranks;
-
-using Body = std::function<void(int64_t rank, ProcessGroup& shm, ProcessGroup& gloo)>;
-
-// Each rank makes two groups over the same ranks: one with shared memory (auto), one Gloo only.
-void run_shm_and_gloo(int64_t world, const Body& body) {
-  const int shm_port = free_port();
-  int gloo_port = free_port();
-  while (gloo_port == shm_port) gloo_port = free_port();
-  std::vector<std::exception_ptr> errors(world);
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto shm = init_process_group(loopback(r, world, shm_port));
-        auto gloo = init_process_group(loopback(r, world, gloo_port).shared_memory(SharedMemory::kOff));
-        body(r, *shm, *gloo);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
-
-// Rank r's input of `numel` elements: seeded by r, so every rank can rebuild every other's.
-torch::Tensor rank_input(int64_t r, int64_t numel, torch::ScalarType dtype = torch::kFloat) {
-  return torch::randn({numel}, at::make_generator<at::CPUGeneratorImpl>(200 + r)).to(dtype);
-}
+using shm_testing::rank_input;
+using shm_testing::run_shm_and_gloo;
 
 // ((x0 + x1) + x2) ...: the ranks' inputs summed in rank order, in `dtype`.
 torch::Tensor sum_in_rank_order(int64_t world, int64_t numel, torch::ScalarType dtype) {

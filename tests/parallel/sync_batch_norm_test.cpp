@@ -89,7 +89,8 @@ Reference plain_batch_norm(const Batches& b, const nn::BatchNormOptions& options
 // identical on every rank.
 template <typename BatchNorm, typename SyncBatchNorm>
 void expect_equal_to_batch_norm_on_the_whole_batch(const std::vector<int64_t>& sizes, const std::vector<int64_t>& spatial,
-                                                   const nn::BatchNormOptions& options) {
+                                                   const nn::BatchNormOptions& options,
+                                                   at::MemoryFormat format = at::MemoryFormat::Contiguous) {
   const int64_t world = static_cast<int64_t>(sizes.size());
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   const Batches b = make_batches(3, total, options.num_features(), spatial);
@@ -100,7 +101,8 @@ void expect_equal_to_batch_norm_on_the_whole_batch(const std::vector<int64_t>& s
     set_affine(bn->weight, bn->bias);
     const std::string where = "rank " + std::to_string(rank) + " of sizes " + c10::Join(",", sizes);
     for (size_t s = 0; s < b.x.size(); ++s) {
-      torch::Tensor x = b.x[s].narrow(0, begin, n).clone().requires_grad_();
+      torch::Tensor x = b.x[s].narrow(0, begin, n).contiguous(format).clone(format).requires_grad_();
+      ASSERT_TRUE(x.is_contiguous(format)) << where;
       bn->weight.mutable_grad() = torch::Tensor();
       bn->bias.mutable_grad() = torch::Tensor();
       torch::Tensor y = bn->forward(x);
@@ -131,6 +133,15 @@ TEST(SyncBatchNorm, UnequalBatchesAndARankWithoutSamplesEqualBatchNormOnTheWhole
   expect_equal_to_batch_norm_on_the_whole_batch<nn::BatchNorm2d, SyncBatchNorm2d>({6, 1}, {4, 3}, nn::BatchNormOptions(3));
   expect_equal_to_batch_norm_on_the_whole_batch<nn::BatchNorm2d, SyncBatchNorm2d>({0, 5}, {4, 3}, nn::BatchNormOptions(3));
   expect_equal_to_batch_norm_on_the_whole_batch<nn::BatchNorm2d, SyncBatchNorm2d>({3, 0, 4}, {2, 2}, nn::BatchNormOptions(2));
+}
+
+// Inputs laid out channels-last (convnet's and resnet18's activations): statistics are summed over
+// rows of C, not blocks of H x W.
+TEST(SyncBatchNorm, ChannelsLastInputsEqualBatchNormOnTheWholeBatch) {
+  expect_equal_to_batch_norm_on_the_whole_batch<nn::BatchNorm2d, SyncBatchNorm2d>(
+      {4, 3}, {5, 6}, nn::BatchNormOptions(7), at::MemoryFormat::ChannelsLast);
+  expect_equal_to_batch_norm_on_the_whole_batch<nn::BatchNorm3d, SyncBatchNorm3d>(
+      {2, 0, 3}, {2, 3, 2}, nn::BatchNormOptions(3), at::MemoryFormat::ChannelsLast3d);
 }
 
 // (N, C) and (N, C, L) for 1d, (N, C, D, H, W) for 3d; momentum None is the cumulative average,

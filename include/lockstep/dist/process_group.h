@@ -116,7 +116,9 @@ class ProcessGroup {
   // fp32, rounded once, which is closer to the exact sum than a ring that rounds N-1 times.
   // all_gather_into is the list all-gather with every rank's slot a view into one flat output.
   // A failure of either names the rank that did not arrive (see Note [Naming the rank that did not
-  // arrive]); NCCL would call its own reduce_scatter and _allgather_base here instead.
+  // arrive]); NCCL would call its own reduce_scatter and _allgather_base here instead. Between the
+  // ranks of one host both go through shared memory (Note [Collectives through shared memory]):
+  // the same results (16-bit sums in fp32, rounded once), without Gloo's threads and loopback.
   //
   // input: N x n elements (N = size()), contiguous; output: n elements, same dtype. Rank r gets
   // the reduction over ranks of input's elements [r*n, (r+1)*n): PyTorch's reduce_scatter_tensor.

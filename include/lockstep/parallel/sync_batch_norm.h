@@ -14,13 +14,20 @@ namespace lockstep::parallel {
 // Note [SyncBatchNorm]
 // Batch normalisation over the global batch: the concatenation of every rank's batch, whatever
 // its size on each rank (zero included). In training, each rank sums per channel its count, sum
-// and sum of squares (ordinary ops; PyTorch's batch_norm_stats kernels have no CPU version), and
-// one all-reduce of those 2C+1 numbers gives every rank the global mean and biased variance.
-// The sums are kept in fp64 (local sums and the all-reduce, (2C+1) x 8 bytes): E[x^2] - E[x]^2
-// loses (mean/std)^2 x the precision of its type, which fp32 cannot spare. A custom autograd
-// function normalises; its backward all-reduces the two per-channel sums the input gradient
-// needs (sum of dy, sum of dy * x_hat) over the global batch, and returns weight and bias
-// gradients of this rank's samples only, as PyTorch's does: DDP then averages them.
+// and sum of squares in one pass over the input as it lies in memory (channels-first or
+// channels-last; PyTorch's batch_norm_stats kernels have no CPU version), and one all-reduce of
+// those 2C+1 numbers gives every rank the global mean and biased variance. The sums are kept in
+// fp64 (local sums and the all-reduce, (2C+1) x 8 bytes): E[x^2] - E[x]^2 loses (mean/std)^2 x
+// the precision of its type, which fp32 cannot spare. A custom autograd function normalises, by
+// LibTorch's inference batch norm given the global mean and variance (one pass, (x - mean)
+// first); its backward takes the two per-channel sums the input gradient needs (sum of dy, sum of
+// dy * x_hat) from LibTorch's batch-norm backward reduction (accumulated as LibTorch's BatchNorm
+// accumulates its own), all-reduces them in fp64 over the global batch, forms the input gradient
+// in two passes (the x_hat term as another inference batch norm, then + dy x scale), and returns
+// weight and bias gradients of this rank's samples only, as PyTorch's does: DDP then averages
+// them. The element-wise work is then that of BatchNorm itself: the first version, in plain
+// tensor ops, made about ten passes over each activation, an fp64 copy among them, and ran the
+// convnet's DDP step at half of plain BatchNorm's speed.
 // Running statistics follow PyTorch's BatchNorm (momentum, or the cumulative average without
 // one; the unbiased variance), computed from the same global numbers on every rank, so they stay
 // identical without a broadcast (DistributedDataParallel skips SyncBatchNorm's buffers).

@@ -1,0 +1,113 @@
+// ZeRO's and FSDP's collectives through shared memory (shm_gather_scatter.cpp, Note [Collectives
+// through shared memory]) on real ranks (threads, each with its own process group): all_gather_into
+// and reduce_scatter against Gloo's on the same ranks, for sizes of one element to several rounds
+// of a slot, even and uneven parts, and a mismatched collective named.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <numeric>
+
+#include "../../src/dist/shm_segment.h"
+#include "../test_util.h"
+#include "multi_rank.h"
+#include "shm_and_gloo.h"
+
+namespace lockstep::dist {
+namespace {
+
+using ::testing::HasSubstr;
+using shm_testing::rank_input;
+using shm_testing::run_shm_and_gloo;
+
+const int64_t kSlotFloats = ShmSegment::kSlotBytes / 4;
+
+// Every rank's bytes in rank order, as Gloo's all-gather gives them, in any dtype (it moves bytes):
+// one element, an odd count, and more than two slots of fp32 (three rounds).
+TEST(ShmAllGather, EveryRanksPartInRankOrderAsGlooGivesIt) {
+  for (const int64_t world : {2, 3}) {
+    run_shm_and_gloo(world, [world](int64_t rank, ProcessGroup& shm, ProcessGroup& gloo) {
+      ASSERT_TRUE(shm.uses_shared_memory());
+      for (const int64_t numel : {int64_t{1}, int64_t{1001}, 2 * kSlotFloats + 5}) {
+        for (const auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kLong}) {
+          const torch::Tensor mine = rank_input(rank, numel, torch::kDouble).mul(1000).to(dtype);
+          torch::Tensor a = torch::empty({world * numel}, mine.options()), b = torch::empty_like(a);
+          shm.all_gather_into(a, mine);
+          gloo.all_gather_into(b, mine);
+          std::vector<torch::Tensor> parts;
+          for (int64_t r = 0; r < world; ++r) parts.push_back(rank_input(r, numel, torch::kDouble).mul(1000).to(dtype));
+          const std::string what = c10::str("world ", world, " rank ", rank, " numel ", numel, " ", dtype);
+          EXPECT_TRUE(torch::equal(a, torch::cat(parts))) << what;
+          EXPECT_TRUE(torch::equal(a, b)) << what;
+        }
+      }
+    });
+  }
+}
+
+// Each rank's part of the rank-order sum, exactly; equal to Gloo's (the all-to-all, then a sum of
+// the rows) on two ranks bit for bit and on three within 1e-6. Even parts, uneven ones with an
+// empty part, parts longer than a round (a slot holds N segments of a round), means of fp32 and
+// fp64, and bf16 summed in fp32 and rounded once.
+TEST(ShmReduceScatter, EachRankGetsItsPartOfTheSumAsGlooGivesIt) {
+  for (const int64_t world : {2, 3}) {
+    const std::vector<std::vector<int64_t>> layouts = {
+        std::vector<int64_t>(world, 1), std::vector<int64_t>(world, 1000), std::vector<int64_t>(world, kSlotFloats),
+        world == 2 ? std::vector<int64_t>{kSlotFloats + 3, 0} : std::vector<int64_t>{5, 0, kSlotFloats / 2 + 1}};
+    run_shm_and_gloo(world, [&](int64_t rank, ProcessGroup& shm, ProcessGroup& gloo) {
+      for (const auto& counts : layouts) {
+        const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+        const int64_t start = std::accumulate(counts.begin(), counts.begin() + rank, int64_t{0});
+        for (const auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+          for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
+            if (dtype == torch::kBFloat16 && op == ReduceOp::kMean) continue;  // Gloo's path only
+            const torch::Tensor input = rank_input(rank, total, dtype);
+            torch::Tensor a = torch::empty({counts[rank]}, input.options()), b = torch::empty_like(a);
+            shm.reduce_scatter(a, input, counts, op);
+            gloo.reduce_scatter(b, input, counts, op);
+            const std::string what = c10::str("world ", world, " rank ", rank, " counts ", c10::Join(",", counts), " ",
+                                              dtype, op == ReduceOp::kSum ? " sum" : " mean");
+            torch::Tensor wide = rank_input(0, total, dtype).narrow(0, start, counts[rank]).to(torch::kFloat);
+            for (int64_t r = 1; r < world; ++r)
+              wide = wide + rank_input(r, total, dtype).narrow(0, start, counts[rank]).to(torch::kFloat);
+            if (dtype != torch::kBFloat16) {  // the rank-order sum in the dtype itself
+              torch::Tensor exact = rank_input(0, total, dtype).narrow(0, start, counts[rank]);
+              for (int64_t r = 1; r < world; ++r) exact = exact + rank_input(r, total, dtype).narrow(0, start, counts[rank]);
+              if (op == ReduceOp::kMean) exact = exact / world;
+              EXPECT_TRUE(torch::equal(a, exact)) << what;
+            } else {
+              EXPECT_TRUE(torch::equal(a, wide.to(dtype))) << what;
+            }
+            if (world == 2) {
+              EXPECT_TRUE(torch::equal(a, b)) << what;
+            } else {
+              EXPECT_TRUE(torch::allclose(a.to(torch::kFloat), b.to(torch::kFloat), 1e-6, 1e-6)) << what;
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+// One rank in an all-gather while the other is in a reduce-scatter: both name what each is in.
+TEST(ShmReduceScatter, AMismatchedCollectiveIsNamedOnEveryRank) {
+  std::vector<std::string> messages(2);
+  lockstep::testing::run_ranks(2, [&](int64_t rank, ProcessGroup& pg) {
+    messages[rank] = lockstep::testing::error_message([&] {
+      torch::Tensor out = torch::empty({rank == 0 ? 8 : 4});
+      if (rank == 0) {
+        pg.all_gather_into(out, torch::ones({4}));
+      } else {
+        pg.reduce_scatter(out, torch::ones({8}));
+      }
+    });
+  }, std::chrono::seconds(5));
+  EXPECT_THAT(messages[0], HasSubstr("this rank is in an all-gather of 4 Float elements but rank 1 is in a "
+                                     "reduce-scatter of 8 Float elements"));
+  EXPECT_THAT(messages[1], HasSubstr("this rank is in a reduce-scatter of 8 Float elements but rank 0 is in an "
+                                     "all-gather of 4 Float elements"));
+}
+
+}  // namespace
+}  // namespace lockstep::dist
