@@ -52,7 +52,8 @@ std::vector<BenchConfig> default_matrix(int64_t cores) {
   accum.accum_steps = 2;
   m.push_back(accum);
   m.push_back(ddp("ddp-syncbn", "ddp + SyncBN", {"--sync-bn"},
-                  "BatchNorm statistics over the global batch: one more all-reduce per BatchNorm layer"));
+                  "BatchNorm statistics over the global batch: two small all-reduces per BatchNorm layer (the "
+                  "statistics in forward, two gradient sums in backward)"));
   m.push_back(ddp("zero1", "zero1", {"--strategy", "zero1"},
                   "ZeRO stage 1: each rank keeps the optimizer state of its shard; gradients all-reduced, "
                   "updated shards all-gathered"));
