@@ -131,7 +131,7 @@ int64_t CachingCpuAllocator::size_class(int64_t bytes) const {
 
 c10::DataPtr CachingCpuAllocator::allocate(size_t bytes) const {
   if (static_cast<int64_t>(bytes) < large_block_bytes_) return c10::GetDefaultCPUAllocator()->allocate(bytes);
-  void* data = take(size_class(static_cast<int64_t>(bytes)));
+  void* data = take(size_class(static_cast<int64_t>(bytes)), static_cast<int64_t>(bytes));
   return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
 }
 
@@ -153,7 +153,7 @@ void CachingCpuAllocator::release(void* data) {
     block.owner->give_back(data, block.size, block.wanted);
 }
 
-void* CachingCpuAllocator::take(int64_t wanted) const {
+void* CachingCpuAllocator::take(int64_t wanted, int64_t request) const {
   std::lock_guard<std::mutex> lock(blocks_mutex());
   void* data = nullptr;
   int64_t size = wanted;
@@ -171,6 +171,12 @@ void* CachingCpuAllocator::take(int64_t wanted) const {
     if (cached->second.empty()) free_.erase(cached);
     stats_.cached_bytes -= size;
     ++stats_.reuses;
+    if (size > wanted) {
+      // A larger block: the pages past the request go back to the kernel (see the Note).
+      const int64_t keep = round_up(request, kPageBytes);
+      ::madvise(static_cast<char*>(data) + keep, static_cast<size_t>(size - keep), MADV_DONTNEED);
+      ++stats_.trims;
+    }
   } else {
     // The bound on live + cached, this block included.
     const int64_t bound = std::max(limit, bound_bytes(stats_.live_class_bytes + wanted));

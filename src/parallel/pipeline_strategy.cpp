@@ -284,10 +284,13 @@ StepDecision PipelineStrategy::step() {
   if (options_.clip_value() > 0)
     for (auto& g : grads) g.clamp_(-options_.clip_value(), options_.clip_value());
   // [non-finite gradients on this stage, squared L2 norm of its gradients], summed over stages;
-  // a tied weight counts once, on its owner (see Note [Tied weights across stages]).
+  // a tied weight counts once, on its owner (see Note [Tied weights across stages]). Each norm is
+  // fp32 as clip_grad_norm_ computes it, squared and summed in fp64 (as zero and fsdp do): an fp64
+  // copy of each gradient and its square held two tensors of twice its bytes (mlp-wide's fc2: 64
+  // MiB) at the step's peak.
   const std::vector<torch::Tensor> owned = gradients(owned_);
   double non_finite = all_finite(owned) ? 0.0 : 1.0, squares = 0.0;
-  for (const auto& g : owned) squares += g.to(torch::kFloat64).pow(2).sum().item<double>();
+  for (const auto& g : owned) squares += std::pow(g.norm().item<double>(), 2);
   if (group_) {  // every replica holds the same averaged gradients: count each stage once
     auto phase = profiler_->scope(Phase::kSync);
     torch::Tensor v = torch::tensor({non_finite, squares}, torch::kFloat64);

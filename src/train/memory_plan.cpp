@@ -9,58 +9,21 @@
 
 #include "lockstep/core/heap.h"
 #include "lockstep/core/process.h"
-#include "lockstep/optim/state_dict.h"
+#include "lockstep/log/svg_chart.h"
 #include "lockstep/parallel/flat_parameters.h"
 #include "lockstep/parallel/fsdp_unit.h"
 #include "lockstep/parallel/pipeline_placement.h"
+#include "memory_plan_layout.h"
 #include "memory_probe.h"
 #include "reference_data.h"
 
 namespace lockstep::train {
 namespace {
 
-// zero2's and fsdp's reduce-scatter buckets (ZeroOptions::bucket_cap_mb, fsdp's kBucketCapBytes).
-constexpr int64_t kShardBucketCapBytes = 25 * 1024 * 1024;
-
-int64_t shard_numel(int64_t numel, int64_t world) { return (numel + world - 1) / world; }
-
-// The largest gradient bucket, in bytes, of a flat buffer holding `numels` (in the layout's order)
-// padded to `padded` elements, by ShardReducer's rule (Note [Reducing gradients into shards]):
-// parameters in reverse order, the first bucket ending at the padding, a bucket closing once it
-// holds kShardBucketCapBytes or more. A bucket can exceed the cap by one parameter: mlp-wide's
-// fc1 and fc2 (12.25 and 16 MiB) make one 28.3 MiB bucket, not a 25 MiB one.
-int64_t largest_bucket_bytes(const std::vector<int64_t>& numels, int64_t padded) {
-  std::vector<int64_t> offsets(numels.size());
-  for (size_t i = 1; i < numels.size(); ++i) offsets[i] = offsets[i - 1] + numels[i - 1];
-  int64_t largest = 0, end = padded;
-  for (int64_t i = static_cast<int64_t>(numels.size()) - 1; i >= 0; --i) {
-    if ((end - offsets[i]) * 4 >= kShardBucketCapBytes || i == 0) {
-      largest = std::max(largest, (end - offsets[i]) * 4);
-      end = offsets[i];
-    }
-  }
-  return largest;
-}
-
 // The pipeline's stages, as PipelineStrategy counts them.
 int64_t pipeline_stages(const TrainOptions& o, int64_t world) {
   const parallel::PipelineOptions& p = o.trainer().strategy_options().pipeline();
   return p.stages() > 0 ? p.stages() : !p.split().empty() ? static_cast<int64_t>(p.split().size()) : world;
-}
-
-// The optimizer's state over tensors of `shapes` after one step: the run's optimizer, stepped once
-// on zero gradients (every built-in optimizer makes its state at the first step).
-int64_t optimizer_bytes(const parallel::OptimizerFactory& make, const std::vector<std::vector<int64_t>>& shapes) {
-  if (shapes.empty()) return 0;
-  std::vector<torch::Tensor> params;
-  for (const auto& shape : shapes) {
-    torch::Tensor p = torch::zeros(shape).requires_grad_();
-    p.mutable_grad() = torch::zeros(shape);
-    params.push_back(p);
-  }
-  auto optimizer = make(params);
-  optimizer->step();
-  return optim::optimizer_state_bytes(*optimizer);
 }
 
 // What a plan's ranks share: the probe, the model's layout and the strategy's settings.
@@ -80,11 +43,15 @@ struct Planner {
     int64_t rows = probe.peak_rows;
     double activation_scale = 1.0;
     int64_t grads_in_buffers = 0;  // gradients that are views of the buffers (ddp's buckets)
+    int64_t micro_batches = o.trainer().accum_steps();  // backwards into the same gradients per step
+    int64_t largest_gradient = 0;                       // bytes of the rank's largest gradient tensor
     switch (kind) {
       case parallel::StrategyKind::kLocal:
       case parallel::StrategyKind::kDdp:
       case parallel::StrategyKind::kDp:
         replicated(m, &grads_in_buffers);
+        for (const auto& [elements, dtype] : probe.trained)
+          largest_gradient = std::max<int64_t>(largest_gradient, elements * static_cast<int64_t>(c10::elementSize(dtype)));
         break;
       case parallel::StrategyKind::kZero1:
       case parallel::StrategyKind::kZero2:
@@ -94,13 +61,24 @@ struct Planner {
         fsdp(m, r);
         break;
       case parallel::StrategyKind::kPipeline:
-        pipeline(m, r, &rows, &activation_scale);  // evaluation runs the whole model on every rank
+        pipeline(m, r, &rows, &activation_scale, &micro_batches, &largest_gradient);
         break;
     }
     const int64_t grads_local = probe.local.grad_bytes, optim_local = probe.local.optim_bytes - probe.masters;
     m.activations = std::llround(activation_scale * static_cast<double>(std::max<int64_t>(0, probe.steady.at(rows) - grads_local)));
+    // See Note [Planning memory]: a later micro-batch's gradient of a parameter is a tensor of its
+    // own until backward adds it into the earlier ones' (zero and fsdp reduce into shards instead).
+    const bool accumulates = kind != parallel::StrategyKind::kZero1 && kind != parallel::StrategyKind::kZero2 &&
+                             kind != parallel::StrategyKind::kFsdp;
+    if (accumulates && micro_batches > 1) m.activations += largest_gradient;
     const int64_t held = m.parameters + m.masters + m.buffers + m.gradients - grads_in_buffers;
     m.steady = held + m.optimizer_state + m.activations;
+    if (kind == parallel::StrategyKind::kDdp) {
+      // ddp's bf16 buckets in their all-gathers at the end of backward, when O2's fp32 masters
+      // have no gradients yet (Amp::zero_grad freed them; the step makes them again).
+      m.collectives = ddp_all_gather_bytes(probe.trained, world);
+      m.steady += std::max<int64_t>(0, m.collectives - probe.masters);
+    }
     const int64_t first_extra = std::llround(
         activation_scale * static_cast<double>(std::max<int64_t>(0, probe.first.at(rows) - grads_local - optim_local)));
     m.first_step = held + m.optimizer_state + first_extra;
@@ -185,7 +163,8 @@ struct Planner {
   // rank holds the whole model for evaluation: Note [Pipeline strategy]); its activations are its
   // blocks' share of a micro-batch's, times the micro-batches in flight (GPipe: all; 1F1B: at most
   // the stages after it, itself included).
-  void pipeline(RankMemory& m, int64_t r, int64_t* rows, double* activation_scale) const {
+  void pipeline(RankMemory& m, int64_t r, int64_t* rows, double* activation_scale, int64_t* micro_batches,
+                int64_t* largest_gradient) const {
     const parallel::PipelineOptions& p = o.trainer().strategy_options().pipeline();
     const int64_t stages = pipeline_stages(o, world);
     const int64_t stage = r % stages;
@@ -195,6 +174,7 @@ struct Planner {
     std::vector<std::vector<int64_t>> shapes;
     for (const torch::Tensor& t : parallel::stage_parameters(placement, stage).all()) {
       m.parameters += parallel::tensor_bytes(t);
+      *largest_gradient = std::max(*largest_gradient, parallel::tensor_bytes(t));
       shapes.push_back(t.sizes().vec());
     }
     m.gradients = m.parameters;
@@ -204,6 +184,7 @@ struct Planner {
     m.stage = stage;
     const int64_t micro = std::min(p.micro_batches(), probe.peak_rows);
     *rows = (probe.peak_rows + micro - 1) / micro;
+    *micro_batches *= micro;
     double share = 0.0;
     for (int64_t b = bounds[stage]; b < bounds[stage + 1]; ++b) share += probe.block_shares[b];
     const int64_t in_flight = p.schedule() == parallel::PipelineSchedule::k1F1B ? std::min(micro, stages - stage) : micro;
@@ -274,12 +255,13 @@ MemoryPlan plan_from_probe(const TrainOptions& o, const MemoryPlanOptions& p, co
 }  // namespace
 
 std::string rank_breakdown(const RankMemory& m) {
-  char line[400];
+  char line[440];
   std::snprintf(line, sizeof(line), "rank %lld%s: parameters %.2f, gradients %.2f, optimizer state %.2f, fp32 masters %.2f, "
-                "activations %.2f, buffers %.2f, baseline %.1f, data %.1f; peak %.1f MiB (%s)",
+                "activations %.2f, buffers %.2f%s, baseline %.1f, data %.1f; peak %.1f MiB (%s)",
                 static_cast<long long>(m.rank), m.stage >= 0 ? c10::str(" (stage ", m.stage, ")").c_str() : "",
                 mib(m.parameters), mib(m.gradients), mib(m.optimizer_state), mib(m.masters), mib(m.activations),
-                mib(m.buffers), mib(m.baseline), mib(m.data), mib(m.peak()), m.peak_moment().c_str());
+                mib(m.buffers), m.collectives > 0 ? c10::str(", collectives ", log::fixed(mib(m.collectives), 2)).c_str() : "",
+                mib(m.baseline), mib(m.data), mib(m.peak()), m.peak_moment().c_str());
   return line;
 }
 
@@ -311,6 +293,7 @@ nlohmann::ordered_json MemoryPlan::to_json() const {
     if (m.stage >= 0) r["stage"] = m.stage;
     r.update({{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer_state", m.optimizer_state},
               {"masters", m.masters}, {"activations", m.activations}, {"buffers", m.buffers},
+              {"collectives", m.collectives},
               {"baseline", m.baseline}, {"data", m.data}, {"first_step", m.first_step}, {"steady", m.steady},
               {"evaluation", m.evaluation},
               {"peak", m.peak()}, {"peak_moment", m.peak_moment()}});

@@ -46,6 +46,7 @@ struct StepPeaks {
                        // tensors' high water or the resident set's, the larger
   parallel::MemoryReport report;
   int64_t masters = 0;
+  std::vector<std::pair<int64_t, c10::ScalarType>> trained;
 };
 
 // Returns the heap's free pages to the kernel and restarts the kernel's count of this process's
@@ -117,6 +118,8 @@ StepPeaks dry_run(const ReferenceData& data, const TrainOptions& o, const Exampl
     peaks.eval = std::max(TensorMemoryCounter::peak_bytes(), resident_peak() - resident);
   }
   peaks.masters = master_bytes(*model);
+  for (const auto& p : model->parameters())
+    if (p.requires_grad()) peaks.trained.emplace_back(p.numel(), p.scalar_type());
   return peaks;
 }
 
@@ -194,6 +197,7 @@ MemoryProbe probe_memory(const ReferenceData& data, const TrainOptions& o, int64
   const StepPeaks large = dry_run(data, o, batch, rows2, eval_input);
   probe.local = large.report;
   probe.masters = large.masters;
+  probe.trained = large.trained;
   probe.steady = fit(rows1, static_cast<double>(small.steady), rows2, static_cast<double>(large.steady));
   probe.first = fit(rows1, static_cast<double>(small.first), rows2, static_cast<double>(large.first));
   probe.eval_bytes = large.eval;

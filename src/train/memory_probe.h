@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "lockstep/parallel/strategy.h"
@@ -36,6 +37,9 @@ struct MemoryProbe {
   int64_t peak_rows = 0;  // rows of the epoch's largest batch (text: the most padded tokens)
   // Each block's share of the activations a forward leaves for backward (Note [Model blocks]).
   std::vector<double> block_shares;
+  // The trainable parameters as the run's opt level stores them (bf16 at O2 and O3, BatchNorm's
+  // kept fp32 at O2), in the model's order: (elements, dtype). ddp's buckets are cut from these.
+  std::vector<std::pair<int64_t, c10::ScalarType>> trained;
 };
 
 // Dry-runs `o`'s model from `data` under the local strategy at `o`'s opt level, with activation

@@ -5,6 +5,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -72,6 +73,40 @@ TEST(HeapCache, OverTheBoundALargerCachedBlockIsTakenInsteadOfANewMapping) {
   c10::DataPtr half = allocator.allocate(kMiB + kMiB / 2);  // 4 MiB is more than twice 1.5: unmapped
   EXPECT_EQ(allocator.stats().maps, 2);
   EXPECT_EQ(allocator.stats().unmaps, 1);
+}
+
+// Resident pages of [data, data + bytes), by mincore.
+int64_t resident_pages(void* data, int64_t bytes) {
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  std::vector<unsigned char> in_core(static_cast<size_t>((bytes + page - 1) / page));
+  EXPECT_EQ(::mincore(data, static_cast<size_t>(bytes), in_core.data()), 0);
+  return std::count_if(in_core.begin(), in_core.end(), [](unsigned char c) { return (c & 1) != 0; });
+}
+
+// A larger cached block taken for a smaller request keeps no more resident pages than the request:
+// the previous tensor's pages past it go back to the kernel (they held nothing live).
+TEST(HeapCache, ALargerBlockTakenForASmallerRequestKeepsOnlyTheRequestsPagesResident) {
+  CachingCpuAllocator allocator;
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  void* big = nullptr;
+  {
+    c10::DataPtr block = allocator.allocate(8 * kMiB);  // the high water: 8 MiB, the bound 9
+    big = block.get();
+    std::memset(big, 1, 8 * kMiB);
+    EXPECT_EQ(resident_pages(big, 8 * kMiB), 8 * kMiB / page);
+  }
+  c10::DataPtr smaller = allocator.allocate(5 * kMiB);  // a new 5 MiB block would map 13 MiB
+  ASSERT_EQ(smaller.get(), big);
+  EXPECT_EQ(allocator.stats().trims, 1);
+  EXPECT_EQ(resident_pages(big, 8 * kMiB), 5 * kMiB / page);
+  std::memset(smaller.get(), 2, 5 * kMiB);
+  EXPECT_EQ(static_cast<unsigned char*>(smaller.get())[5 * kMiB - 1], 2);
+  smaller.clear();
+  c10::DataPtr again = allocator.allocate(8 * kMiB);  // its own class again: the whole block, usable
+  ASSERT_EQ(again.get(), big);
+  std::memset(again.get(), 3, 8 * kMiB);
+  EXPECT_EQ(resident_pages(big, 8 * kMiB), 8 * kMiB / page);
+  EXPECT_EQ(allocator.stats().trims, 1);  // an exact class is not trimmed
 }
 
 TEST(HeapCache, SizeClassesAreWholePagesAndWasteLessThanAnEighth) {

@@ -170,6 +170,41 @@ TEST(MemoryPlan, ZeroTwoPlansTheBucketsShardReducerCloses) {
   }
 }
 
+// ddp at bf16 O2 all-gathers its bf16 buckets (Gloo has no bf16 all-reduce): every bucket of
+// mlp-wide (Linear layers only: all bf16) is held as N received copies plus Gloo's flat output at
+// the end of backward, 2 x N x its bf16 parameters; fp32 buckets are all-reduced in place. A bucket
+// rule that dropped or doubled a bucket would miss by 8 or 6 MiB.
+TEST(MemoryPlan, DdpPlansItsBf16AllGathersAndNoneInFp32) {
+  train::TrainOptions o = synthetic_run("mlp-wide", parallel::StrategyKind::kDdp, 16);
+  const auto two_ranks = train::MemoryPlanOptions().world_size(2).evaluation(false);
+  const train::RankMemory fp32 = train::plan_memory(o, two_ranks).ranks.at(0);
+  EXPECT_EQ(fp32.collectives, 0);
+  o.precision(train::Precision::kBf16).opt_level(amp::OptLevel::kO2);
+  const train::RankMemory half = train::plan_memory(o, two_ranks).ranks.at(0);
+  int64_t bf16_bytes = 0;
+  for (const auto& p : models::make_model("mlp-wide")->parameters()) bf16_bytes += p.numel() * 2;
+  EXPECT_EQ(half.parameters, bf16_bytes);
+  EXPECT_EQ(half.collectives, 2 * 2 * bf16_bytes);
+  // At the end of backward O2's master gradients are not there: the step adds what is beyond them.
+  EXPECT_EQ(half.steady - (half.parameters + half.masters + half.buffers + half.gradients - half.buffers +
+                           half.optimizer_state + half.activations + half.baseline + half.data),
+            half.collectives - half.masters);
+}
+
+// A step of two micro-batches holds the second one's gradient of the largest parameter before
+// backward adds it into the first's: mlp-wide's fc2 weight, 4096 x 1024 fp32, exactly 16 MiB more.
+TEST(MemoryPlan, AccumulationAddsTheLargestParametersIncomingGradient) {
+  train::TrainOptions o = synthetic_run("mlp-wide", parallel::StrategyKind::kLocal, 16);
+  const auto one_rank = train::MemoryPlanOptions().evaluation(false);
+  const train::RankMemory single = train::plan_memory(o, one_rank).ranks.at(0);
+  o.trainer().accum_steps(2);
+  const train::RankMemory accumulated = train::plan_memory(o, one_rank).ranks.at(0);
+  // Each plan makes its own dry run, whose small tensors differ by a few KiB from run to run.
+  constexpr double kDryRunSlack = 64 * 1024;
+  EXPECT_NEAR(accumulated.activations - single.activations, int64_t{4096} * 1024 * 4, kDryRunSlack);
+  EXPECT_NEAR(accumulated.steady - single.steady, int64_t{4096} * 1024 * 4, kDryRunSlack);
+}
+
 // See Note [Refusing fast]: without a dry run, each rank's model states and buffers are the full
 // plan's to the byte and its peak is no more than the full plan's, so a run refused on them alone
 // would be refused by the full plan too.

@@ -40,6 +40,14 @@ namespace lockstep::train {
 //                the parameters' all-gather) and stage 2's and fsdp's bucket staging, each
 //                bucket as ShardReducer closes it (at the first parameter that takes it past
 //                the 25 MiB cap, so it can be larger than the cap).
+//   collectives  what collectives in flight hold at the end of backward, beyond the buffers: ddp's
+//                bf16 buckets are all-gathered (Gloo has no bf16 all-reduce), each into N copies
+//                plus Gloo's flat output of as many bytes, until backward's last bucket is summed.
+//                O2's master gradients are not there yet at that moment, so the steady step adds
+//                what the all-gathers hold beyond them.
+// A step of several micro-batches (accumulation, a pipeline's micro-batches) also holds, in its
+// activations, the largest parameter's gradient of a later micro-batch before backward adds it
+// into the earlier ones': mlp-wide's fc2 (16 MiB) on the pipeline's second stage.
 // The peak is the largest of three moments: the first step, when the optimizer's state is created
 // after backward (DeepSpeed users meet this as a spike at the first step); a steady step, when the
 // state exists and activations and gradients peak together at the end of backward; and the
@@ -81,6 +89,7 @@ struct RankMemory {
   int64_t masters = 0;          // fp32 master weights (O2), 0 otherwise
   int64_t activations = 0;      // at the steady step's peak
   int64_t buffers = 0;          // communication buckets and staging
+  int64_t collectives = 0;      // collectives' outputs in flight at the end of backward (ddp's bf16 all-gathers)
   int64_t baseline = 0;
   int64_t data = 0;
   int64_t first_step = 0;  // the peak of the first step
