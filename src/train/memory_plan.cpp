@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "lockstep/core/heap.h"
 #include "lockstep/core/process.h"
@@ -35,6 +36,10 @@ struct Planner {
   models::Classifier& model;  // fp32, freshly built: the layout the strategies flatten
   parallel::OptimizerFactory make_optimizer;
   int64_t eval_batch_size;
+  // Every rank on this host and shared memory not turned off (LOCKSTEP_SHM=0): reduce_scatter and
+  // all_gather_into then write straight into their outputs (Note [Collectives through shared
+  // memory]); over Gloo they hold what they receive and a flat output besides.
+  bool shared_memory;
 
   // Every rank's bytes but the baseline and the data.
   RankMemory rank(int64_t r) const {
@@ -126,7 +131,7 @@ struct Planner {
     std::vector<int64_t> numels;
     for (const auto& p : parallel::trainable_parameters(model)) numels.push_back(p.tensor.numel());
     const int64_t bucket = stage1 ? s * world * 4 : largest_bucket_bytes(numels, s * world);
-    m.buffers = (stage1 ? 0 : bucket) + bucket + bucket / world + s * world * 4;
+    m.buffers = (stage1 ? 0 : bucket) + (shared_memory ? 0 : bucket + bucket / world + s * world * 4);
   }
 
   // See Note [FSDP units]: each unit's shard, the largest unit gathered, the optimizer over the
@@ -153,9 +158,9 @@ struct Planner {
     }
     m.parameters += largest + parallel::frozen_parameter_bytes(model);
     m.optimizer_state = optimizer_bytes(make_optimizer, shards);
-    // A bucket's staging and what reduce_scatter receives for it, and Gloo's flat output of the
-    // largest unit's all-gather (see zero()).
-    m.buffers = 2 * bucket + bucket / world + largest;
+    // A bucket's staging; over Gloo also what reduce_scatter receives for it and the flat output
+    // of the largest unit's all-gather (see zero()).
+    m.buffers = bucket + (shared_memory ? 0 : bucket + bucket / world + largest);
     if (!o.trainer().strategy_options().fsdp().reshard_after_forward()) m.buffers += gathered - largest;
   }
 
@@ -239,7 +244,11 @@ MemoryPlan plan_from_probe(const TrainOptions& o, const MemoryPlanOptions& p, co
   plan.world_size = p.world_size();
   plan.batch_size = o.trainer().batch_size();
   plan.checkpoint_activations = o.trainer().checkpoint_activations();
-  const Planner planner{o, kind, p.world_size(), probe, model, o.strategy_options(nullptr).optimizer(), eval_batch_size};
+  const char* shm = std::getenv("LOCKSTEP_SHM");
+  const bool shared_memory = p.world_size() > 1 && (p.local_ranks() == 0 || p.local_ranks() >= p.world_size()) &&
+                             !(shm != nullptr && std::string(shm) == "0");
+  const Planner planner{o, kind, p.world_size(), probe, model, o.strategy_options(nullptr).optimizer(), eval_batch_size,
+                        shared_memory};
   for (int64_t r = 0; r < p.world_size(); ++r) {
     RankMemory m = planner.rank(r);
     m.baseline = process.baseline;

@@ -151,11 +151,14 @@ TEST(MemoryPlan, RefusalNamesTheRankTheBreakdownTheLimitAndWhatFits) {
 
 // zero2 stages, reduce-scatters and all-gathers its buckets as ShardReducer closes them, which can
 // pass the 25 MiB cap: mlp-wide's fc1 and fc2 (12.25 and 16 MiB) make one 28.3 MiB bucket. The
-// plan's buffers are that bucket's staging, what reduce_scatter receives for it and its
-// shard-sized sum, and Gloo's flat all-gather output, with the bucket a real reducer reports.
+// plan's buffers are that bucket's staging, with the bucket a real reducer reports; on ranks of
+// several hosts (over Gloo) also what reduce_scatter receives for it and its shard-sized sum, and
+// Gloo's flat all-gather output. Ranks of one host share memory and need none of those.
 TEST(MemoryPlan, ZeroTwoPlansTheBucketsShardReducerCloses) {
   const train::TrainOptions o = synthetic_run("mlp-wide", parallel::StrategyKind::kZero2, 16);
-  const train::MemoryPlan plan = train::plan_memory(o, train::MemoryPlanOptions().world_size(2).evaluation(false));
+  const train::MemoryPlan plan =
+      train::plan_memory(o, train::MemoryPlanOptions().world_size(2).local_ranks(1).evaluation(false));
+  const train::MemoryPlan one_host = train::plan_memory(o, train::MemoryPlanOptions().world_size(2).evaluation(false));
   std::vector<int64_t> bucket(2), flat_bytes(2);
   testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     auto model = models::make_model("mlp-wide");
@@ -167,6 +170,7 @@ TEST(MemoryPlan, ZeroTwoPlansTheBucketsShardReducerCloses) {
   for (int64_t r = 0; r < 2; ++r) {
     EXPECT_GT(bucket[r], 25 << 20) << "rank " << r;
     EXPECT_EQ(plan.ranks[r].buffers, 2 * bucket[r] + bucket[r] / 2 + flat_bytes[r]) << "rank " << r;
+    EXPECT_EQ(one_host.ranks[r].buffers, bucket[r]) << "rank " << r;
   }
 }
 
