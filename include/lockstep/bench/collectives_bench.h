@@ -28,8 +28,8 @@ namespace lockstep::bench {
 // span twice the last-level cache (at most 1024 of them), so its data come from memory, as a
 // training step's gradient buckets do after backward has streamed activations and weights through
 // the cache. One buffer reused by every call (warm_cache, Intel MPI Benchmarks' default) stays in
-// cache between calls while the ranks' buffers fit beside the other tenants of a shared L3; on one
-// host it made the shared-memory all-reduce 1.7x faster below that size and swing between runs
+// cache between calls while the ranks' buffers fit there beside whatever else uses it; on one host
+// it made the shared-memory all-reduce up to 1.7x faster below that size and swing between runs
 // around it (docs/scaling.md). Messages under 64 KiB rotate through less than the cache: they cost
 // latency, not bandwidth.
 // Every all-reduce algorithm the group's hosts allow is measured (Note [Hierarchical
