@@ -42,7 +42,7 @@ void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& in
   torch::NoGradGuard no_grad;
   count_sent(static_cast<double>((total - n) * static_cast<int64_t>(input.element_size())));
   // See Note [Collectives through shared memory].
-  if (size_ > 1 && shm_ && ShmCollectives::accepts_reduce_scatter(output, input, op)) {
+  if (shm_ && ShmCollectives::accepts_reduce_scatter(output, input, op)) {
     wait(shm_->reduce_scatter(output, input, counts), "reduce_scatter");
     if (op == ReduceOp::kMean) output.div_(size_);
     return;

@@ -86,7 +86,6 @@ void cpu_relax() {
 #endif
 }
 
-
 }  // namespace
 
 std::unique_ptr<ShmCollectives> ShmCollectives::create(c10d::Store& store, int64_t rank, int64_t size,
@@ -273,9 +272,9 @@ void ShmCollectives::describe(const Job& job) {
 
 void ShmCollectives::check_shapes(const Job& job) {
   const auto what = [](const ShmRankLine& line) {
-    const char* names[] = {"an all-reduce", "a broadcast", "an all-gather", "a reduce-scatter"};
-    return c10::str(names[line.kind], line.kind == static_cast<int32_t>(Kind::kBroadcast)
-                                          ? c10::str(" from rank ", line.root) : std::string(),
+    const char* name = name_of(static_cast<Kind>(line.kind));
+    return c10::str(name[0] == 'a' ? "an " : "a ", name,
+                    line.kind == static_cast<int32_t>(Kind::kBroadcast) ? c10::str(" from rank ", line.root) : "",
                     " of ", line.numel, " ", static_cast<c10::ScalarType>(line.dtype), " elements");
   };
   const ShmRankLine& mine = segment_->line(rank_);

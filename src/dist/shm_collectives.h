@@ -83,6 +83,10 @@ class ShmCollectives {
                                                 std::vector<int64_t> counts);
 
   enum class Kind : int32_t { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
+  static const char* name_of(Kind kind) {  // "all-reduce", ...
+    const char* names[] = {"all-reduce", "broadcast", "all-gather", "reduce-scatter"};
+    return names[static_cast<int>(kind)];
+  }
 
  private:
   struct Job {
@@ -94,10 +98,7 @@ class ShmCollectives {
     c10::intrusive_ptr<QueuedWork> work;
     uint64_t seq = 0;
     std::chrono::steady_clock::time_point deadline;
-    const char* name() const {
-      const char* names[] = {"all-reduce", "broadcast", "all-gather", "reduce-scatter"};
-      return names[static_cast<int>(kind)];
-    }
+    const char* name() const { return name_of(kind); }
   };
   c10::intrusive_ptr<c10d::Work> enqueue(Job job, c10d::OpType type);
   ShmCollectives(std::unique_ptr<ShmSegment> segment, int64_t rank, int64_t size, std::chrono::milliseconds timeout);

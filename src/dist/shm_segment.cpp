@@ -91,9 +91,13 @@ bool HostMap::shares_memory() const {
          std::all_of(host_of_rank.begin(), host_of_rank.end(), [](int64_t h) { return h == 0; });
 }
 
-HostMap exchange_hosts(c10d::Store& store, int64_t rank, int64_t size, SharedMemory mode) {
+bool wants_shared_memory(SharedMemory mode) {
   const char* env = std::getenv("LOCKSTEP_SHM");
-  const bool wanted = mode == SharedMemory::kAuto && !(env != nullptr && std::string(env) == "0");
+  return mode == SharedMemory::kAuto && !(env != nullptr && std::string(env) == "0");
+}
+
+HostMap exchange_hosts(c10d::Store& store, int64_t rank, int64_t size, SharedMemory mode) {
+  const bool wanted = wants_shared_memory(mode);
   const auto key = [](const char* what, int64_t r) { return c10::str("lockstep/host/", what, "/", r); };
   HostMap map;
   if (size == 1) {

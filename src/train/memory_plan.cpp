@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 
 #include "lockstep/core/heap.h"
 #include "lockstep/core/process.h"
+#include "lockstep/dist/process_group.h"
 #include "lockstep/log/svg_chart.h"
 #include "lockstep/parallel/flat_parameters.h"
 #include "lockstep/parallel/fsdp_unit.h"
@@ -244,9 +244,8 @@ MemoryPlan plan_from_probe(const TrainOptions& o, const MemoryPlanOptions& p, co
   plan.world_size = p.world_size();
   plan.batch_size = o.trainer().batch_size();
   plan.checkpoint_activations = o.trainer().checkpoint_activations();
-  const char* shm = std::getenv("LOCKSTEP_SHM");
   const bool shared_memory = p.world_size() > 1 && (p.local_ranks() == 0 || p.local_ranks() >= p.world_size()) &&
-                             !(shm != nullptr && std::string(shm) == "0");
+                             dist::wants_shared_memory();
   const Planner planner{o, kind, p.world_size(), probe, model, o.strategy_options(nullptr).optimizer(), eval_batch_size,
                         shared_memory};
   for (int64_t r = 0; r < p.world_size(); ++r) {

@@ -22,6 +22,9 @@ enum class ReduceOp { kSum, kMean, kMax, kMin };
 // src/dist/shm_collectives.cpp). kAuto: when every rank of the group is on this host and none set
 // LOCKSTEP_SHM=0.
 enum class SharedMemory { kAuto, kOff };
+// Whether this process lets ranks of one host use shared memory: `mode` kAuto and LOCKSTEP_SHM not
+// "0" (any rank that says no turns it off for its group).
+bool wants_shared_memory(SharedMemory mode = SharedMemory::kAuto);
 
 // How sum and mean all-reduces of ranks on several hosts travel (see Note [Hierarchical
 // all-reduce] in src/dist/hierarchical_all_reduce.cpp). kFlat: one Gloo ring over every rank.
