@@ -146,10 +146,11 @@ std::string ProcessGroup::roll_call() {
                   "exited. If it is only slow, raise the timeout (lockstep train --timeout)");
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroup::start_all_reduce(torch::Tensor& tensor, ReduceOp op) {
+c10::intrusive_ptr<c10d::Work> ProcessGroup::start_all_reduce(torch::Tensor& tensor, ReduceOp op, bool waits_next) {
   count_sent(2.0 * ring_share() * static_cast<double>(tensor.nbytes()));
   // See Note [Collectives through shared memory] and Note [Hierarchical all-reduce].
-  if (shm_ && ShmCollectives::accepts(tensor, op)) return shm_->all_reduce(tensor);
+  if (shm_ && ShmCollectives::accepts(tensor, op))
+    return shm_->all_reduce(tensor, waits_next ? ShmCollectives::When::kNowIfIdle : ShmCollectives::When::kQueue);
   if (hierarchical_ && HierarchicalAllReduce::accepts(tensor, op)) return hierarchical_->all_reduce(tensor);
   std::vector<torch::Tensor> ts{tensor};
   c10d::AllreduceOptions o;
@@ -158,21 +159,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::start_all_reduce(torch::Tensor& ten
 }
 
 void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
-  wait(start_all_reduce(tensor, op), "all_reduce");
+  wait(start_all_reduce(tensor, op, /*waits_next=*/true), "all_reduce");
   if (op == ReduceOp::kMean) tensor.div_(size_);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::all_reduce_async(torch::Tensor& tensor) {
-  return start_all_reduce(tensor, ReduceOp::kSum);
+  return start_all_reduce(tensor, ReduceOp::kSum, /*waits_next=*/false);
 }
 
-void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) { wait(broadcast_async(tensor, root), "broadcast"); }
+void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
+  wait(start_broadcast(tensor, root, /*waits_next=*/true), "broadcast");
+}
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::broadcast_async(torch::Tensor& tensor, int64_t root) {
+  return start_broadcast(tensor, root, /*waits_next=*/false);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::start_broadcast(torch::Tensor& tensor, int64_t root, bool waits_next) {
   TORCH_CHECK_VALUE(root >= 0 && root < size_, "broadcast root ", root, " is not a rank of a group of ", size_);
   count_sent(ring_share() * static_cast<double>(tensor.nbytes()));
-  // See Note [Collectives through shared memory].
-  if (shm_ && ShmCollectives::accepts_broadcast(tensor)) return shm_->broadcast(tensor, root);
+  // See Note [Collectives through shared memory] and Note [Collectives on the calling thread].
+  if (shm_ && ShmCollectives::accepts_broadcast(tensor))
+    return shm_->broadcast(tensor, root, waits_next ? ShmCollectives::When::kNowIfIdle : ShmCollectives::When::kQueue);
   std::vector<torch::Tensor> ts{as_wire_words(tensor)};
   c10d::BroadcastOptions o;
   o.rootRank = root;

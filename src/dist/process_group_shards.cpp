@@ -43,7 +43,7 @@ void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& in
   count_sent(static_cast<double>((total - n) * static_cast<int64_t>(input.element_size())));
   // See Note [Collectives through shared memory].
   if (shm_ && ShmCollectives::accepts_reduce_scatter(output, input, op)) {
-    wait(shm_->reduce_scatter(output, input, counts), "reduce_scatter");
+    wait(shm_->reduce_scatter(output, input, counts, ShmCollectives::When::kNowIfIdle), "reduce_scatter");
     if (op == ReduceOp::kMean) output.div_(size_);
     return;
   }
@@ -74,6 +74,15 @@ void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& in
 }
 
 void ProcessGroup::all_gather_into(torch::Tensor& output, const torch::Tensor& input) {
+  wait(start_all_gather_into(output, input, /*waits_next=*/true), "all_gather_into");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::all_gather_into_async(torch::Tensor& output, const torch::Tensor& input) {
+  return start_all_gather_into(output, input, /*waits_next=*/false);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::start_all_gather_into(torch::Tensor& output, const torch::Tensor& input,
+                                                                   bool waits_next) {
   const int64_t n = input.numel();
   TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(), "all_gather_into on rank ", rank_, " of ", size_,
                     ": input is ", input.scalar_type(), " but output is ", output.scalar_type(), "; give both one dtype");
@@ -85,18 +94,19 @@ void ProcessGroup::all_gather_into(torch::Tensor& output, const torch::Tensor& i
   torch::Tensor flat = output.view({-1});
   if (size_ == 1) {
     flat.copy_(input.reshape({-1}));
-    return;
+    auto done = c10::make_intrusive<QueuedWork>(static_cast<int>(rank_), c10d::OpType::ALLGATHER,
+                                                    std::chrono::steady_clock::now());
+    done->complete(nullptr);
+    return done;
   }
   count_sent(ring_share() * static_cast<double>(output.nbytes()));
-  // See Note [Collectives through shared memory].
-  if (shm_ && ShmCollectives::accepts_all_gather(output, input)) {
-    wait(shm_->all_gather(output, input), "all_gather_into");
-    return;
-  }
+  // See Note [Collectives through shared memory] and Note [Collectives on the calling thread].
+  if (shm_ && ShmCollectives::accepts_all_gather(output, input))
+    return shm_->all_gather(output, input, waits_next ? ShmCollectives::When::kNowIfIdle : ShmCollectives::When::kQueue);
   std::vector<torch::Tensor> in{as_wire_words(input.contiguous().reshape({-1}))};
   std::vector<std::vector<torch::Tensor>> outs(1);  // views of `output`: Gloo copies each rank's chunk there
   for (int64_t r = 0; r < size_; ++r) outs[0].push_back(as_wire_words(flat.narrow(0, r * n, n)));
-  wait(backend_->allgather(outs, in), "all_gather_into");
+  return backend_->allgather(outs, in);
 }
 
 }  // namespace lockstep::dist

@@ -119,48 +119,64 @@ bool ShmCollectives::accepts_broadcast(const torch::Tensor& tensor) {
   return tensor.device().is_cpu() && tensor.layout() == torch::kStrided && tensor.is_contiguous();
 }
 
-c10::intrusive_ptr<c10d::Work> ShmCollectives::all_reduce(const torch::Tensor& tensor) {
+c10::intrusive_ptr<c10d::Work> ShmCollectives::all_reduce(const torch::Tensor& tensor, When when) {
   Job job;
   job.kind = Kind::kAllReduce;
   job.tensor = tensor;
-  return enqueue(std::move(job), c10d::OpType::ALLREDUCE);
+  return enqueue(std::move(job), c10d::OpType::ALLREDUCE, when);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmCollectives::broadcast(const torch::Tensor& tensor, int64_t root) {
+c10::intrusive_ptr<c10d::Work> ShmCollectives::broadcast(const torch::Tensor& tensor, int64_t root, When when) {
   Job job;
   job.kind = Kind::kBroadcast;
   job.tensor = tensor;
   job.root = root;
-  return enqueue(std::move(job), c10d::OpType::BROADCAST);
+  return enqueue(std::move(job), c10d::OpType::BROADCAST, when);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmCollectives::enqueue(Job job, c10d::OpType type) {
+// Note [Collectives on the calling thread]
+// A collective the caller waits for at once (every synchronous one: ZeRO's and FSDP's gathers and
+// reduce-scatters, SyncBatchNorm's statistics, a broadcast) gains nothing from the worker: handing it
+// over costs two wake-ups, the worker's and then the caller's, tens of microseconds each on two
+// shared cores, several times a step. So when the worker is idle and nothing is queued, the caller
+// runs it itself, as the worker would; otherwise it queues behind the others, as collectives must
+// run in issue order. JobQueue::try_claim keeps the two turns apart: the worker takes no job while
+// a caller runs one, and a caller runs none while the worker is in one or any is queued. Only
+// stage_ and failure_ are shared between the turns, and the queue's mutex orders them.
+c10::intrusive_ptr<c10d::Work> ShmCollectives::enqueue(Job job, c10d::OpType type, When when) {
   job.deadline = Clock::now() + timeout_;
   job.work = c10::make_intrusive<QueuedWork>(static_cast<int>(rank_), type, job.deadline);
   c10::intrusive_ptr<c10d::Work> work = job.work;
+  if (when == When::kNowIfIdle && jobs_.try_claim(job, &Job::seq)) {
+    execute(std::move(job));
+    jobs_.release();
+    return work;
+  }
   jobs_.push(std::move(job), &Job::seq);
   return work;
 }
 
 void ShmCollectives::work_loop() {
   pthread_setname_np(pthread_self(), "lockstep-shm");  // how top -H, perf and /proc tell it from compute
-  for (Job job; jobs_.pop(job);) {
-    std::exception_ptr error;
-    try {
-      TORCH_CHECK(failure_.empty(), "shared-memory ", job.name(), " #", job.seq, " on rank ", rank_, " of ", size_,
-                  " was not run: an earlier one failed (", failure_, ")");
-      TORCH_CHECK(!aborting_, "shared-memory ", job.name(), " #", job.seq, " on rank ", rank_, " of ", size_,
-                  " was not run: the process group was destroyed first");
-      run(job);
-    } catch (const c10::Error& e) {
-      if (failure_.empty()) failure_ = e.what_without_backtrace();
-      abandon();
-      error = std::current_exception();
-    }
-    c10::intrusive_ptr<QueuedWork> work = std::move(job.work);
-    job = Job();  // see QueuedWork: no tensor outlives the collective on this thread
-    work->complete(error);
+  for (Job job; jobs_.pop(job);) execute(std::move(job));
+}
+
+void ShmCollectives::execute(Job job) {
+  std::exception_ptr error;
+  try {
+    TORCH_CHECK(failure_.empty(), "shared-memory ", job.name(), " #", job.seq, " on rank ", rank_, " of ", size_,
+                " was not run: an earlier one failed (", failure_, ")");
+    TORCH_CHECK(!aborting_, "shared-memory ", job.name(), " #", job.seq, " on rank ", rank_, " of ", size_,
+                " was not run: the process group was destroyed first");
+    run(job);
+  } catch (const c10::Error& e) {
+    if (failure_.empty()) failure_ = e.what_without_backtrace();
+    abandon();
+    error = std::current_exception();
   }
+  c10::intrusive_ptr<QueuedWork> work = std::move(job.work);
+  job = Job();  // see QueuedWork: no tensor outlives the collective on the worker
+  work->complete(error);
 }
 
 void ShmCollectives::run(const Job& job) {

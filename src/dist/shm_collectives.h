@@ -72,15 +72,20 @@ class ShmCollectives {
   // Whether reduce_scatter takes `input` into `output` with `op`: both contiguous CPU, one dtype, kSum
   // of fp32/fp64/fp16/bf16 or kMean of fp32/fp64 (the caller divides, as Gloo's path does in fp32).
   static bool accepts_reduce_scatter(const torch::Tensor& output, const torch::Tensor& input, ReduceOp op);
+  // kQueue: the worker runs it and the call returns at once. kNowIfIdle, for a caller that waits
+  // for it next: when the worker is idle and nothing is queued, it runs on the calling thread and
+  // returns completed (Note [Collectives on the calling thread]); else it is queued.
+  enum class When { kQueue, kNowIfIdle };
   // Each queues its collective and returns at once; collectives run in issue order. all_reduce and
   // broadcast work on `tensor` in place; all_gather puts every rank's `input` (n elements) into
   // `output` (N x n, rank order); reduce_scatter sums the ranks' `input`, whose consecutive parts
   // hold counts[0], counts[1], ... elements, and gives this rank's part into `output` (counts[rank]).
-  c10::intrusive_ptr<c10d::Work> all_reduce(const torch::Tensor& tensor);
-  c10::intrusive_ptr<c10d::Work> broadcast(const torch::Tensor& tensor, int64_t root);
-  c10::intrusive_ptr<c10d::Work> all_gather(const torch::Tensor& output, const torch::Tensor& input);
+  c10::intrusive_ptr<c10d::Work> all_reduce(const torch::Tensor& tensor, When when = When::kQueue);
+  c10::intrusive_ptr<c10d::Work> broadcast(const torch::Tensor& tensor, int64_t root, When when = When::kQueue);
+  c10::intrusive_ptr<c10d::Work> all_gather(const torch::Tensor& output, const torch::Tensor& input,
+                                            When when = When::kQueue);
   c10::intrusive_ptr<c10d::Work> reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
-                                                std::vector<int64_t> counts);
+                                                std::vector<int64_t> counts, When when = When::kQueue);
 
   enum class Kind : int32_t { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
   static const char* name_of(Kind kind) {  // "all-reduce", ...
@@ -100,7 +105,9 @@ class ShmCollectives {
     std::chrono::steady_clock::time_point deadline;
     const char* name() const { return name_of(kind); }
   };
-  c10::intrusive_ptr<c10d::Work> enqueue(Job job, c10d::OpType type);
+  c10::intrusive_ptr<c10d::Work> enqueue(Job job, c10d::OpType type, When when);
+  // Runs `job` (the worker's or a caller's turn) and completes its work.
+  void execute(Job job);
   ShmCollectives(std::unique_ptr<ShmSegment> segment, int64_t rank, int64_t size, std::chrono::milliseconds timeout);
   void work_loop();
   void run(const Job& job);

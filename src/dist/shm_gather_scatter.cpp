@@ -23,22 +23,23 @@ bool ShmCollectives::accepts_reduce_scatter(const torch::Tensor& output, const t
          (op == ReduceOp::kSum || (op == ReduceOp::kMean && wide));
 }
 
-c10::intrusive_ptr<c10d::Work> ShmCollectives::all_gather(const torch::Tensor& output, const torch::Tensor& input) {
+c10::intrusive_ptr<c10d::Work> ShmCollectives::all_gather(const torch::Tensor& output, const torch::Tensor& input,
+                                                          When when) {
   Job job;
   job.kind = Kind::kAllGather;
   job.tensor = input;
   job.output = output;
-  return enqueue(std::move(job), c10d::OpType::ALLGATHER);
+  return enqueue(std::move(job), c10d::OpType::ALLGATHER, when);
 }
 
 c10::intrusive_ptr<c10d::Work> ShmCollectives::reduce_scatter(const torch::Tensor& output, const torch::Tensor& input,
-                                                              std::vector<int64_t> counts) {
+                                                              std::vector<int64_t> counts, When when) {
   Job job;
   job.kind = Kind::kReduceScatter;
   job.tensor = input;
   job.output = output;
   job.counts = std::move(counts);
-  return enqueue(std::move(job), c10d::OpType::REDUCE_SCATTER);
+  return enqueue(std::move(job), c10d::OpType::REDUCE_SCATTER, when);
 }
 
 // Per round: every rank copies the round's piece of its input into its slot; all wait for all;

@@ -136,6 +136,10 @@ class ProcessGroup {
   // input: n elements; output: N x n elements, contiguous, same dtype; elements [r*n, (r+1)*n) of
   // output receive rank r's input: PyTorch's all_gather_into_tensor.
   void all_gather_into(torch::Tensor& output, const torch::Tensor& input);
+  // Starts all_gather_into and returns at once; wait() on the result before reading `output`, and
+  // keep both tensors alive and `input` unchanged until then. FSDP gathers the next unit's
+  // parameters this way while the current unit computes (Note [FSDP prefetch]).
+  c10::intrusive_ptr<c10d::Work> all_gather_into_async(torch::Tensor& output, const torch::Tensor& input);
   // Returns when every rank has arrived; on timeout the error names the ranks that did not.
   void barrier();
   // Point-to-point, paired by (peer, tag) in the order posted: send_async starts sending
@@ -183,7 +187,12 @@ class ProcessGroup {
   // Collective: builds the local and cross-host subgroups when `algorithm` (or kAuto's choice)
   // is hierarchical. See Note [Hierarchical all-reduce].
   void choose_all_reduce(AllReduceAlgorithm algorithm);
-  c10::intrusive_ptr<c10d::Work> start_all_reduce(torch::Tensor& tensor, ReduceOp op);
+  // waits_next: the caller waits for the work at once (the synchronous collectives), so on shared
+  // memory it may run on this thread (Note [Collectives on the calling thread]).
+  c10::intrusive_ptr<c10d::Work> start_all_reduce(torch::Tensor& tensor, ReduceOp op, bool waits_next);
+  c10::intrusive_ptr<c10d::Work> start_broadcast(torch::Tensor& tensor, int64_t root, bool waits_next);
+  c10::intrusive_ptr<c10d::Work> start_all_gather_into(torch::Tensor& output, const torch::Tensor& input,
+                                                       bool waits_next);
   friend std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options);
   double ring_share() const { return static_cast<double>(size_ - 1) / static_cast<double>(size_); }
 
