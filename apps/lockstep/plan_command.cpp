@@ -49,6 +49,8 @@ void add_run_options(CLI::App* cmd, const std::shared_ptr<train::TrainOptions>& 
   cmd->add_flag_callback("--fsdp-no-reshard-after-forward",
                          [o] { o->trainer().strategy_options().fsdp().reshard_after_forward(false); },
                          "fsdp: keep each unit gathered from its forward to its backward");
+  cmd->add_flag_callback("--fsdp-no-prefetch", [o] { o->trainer().strategy_options().fsdp().prefetch(false); },
+                         "fsdp: gather each unit only when it runs (one unit gathered at a time)");
   add_text_options(cmd, o);
 }
 

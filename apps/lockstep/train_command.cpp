@@ -286,6 +286,10 @@ Command add_train_command(CLI::App& app) {
                 "Keep each unit's gathered parameters from its forward to its backward (one all-gather less per "
                 "unit, more memory)")
       ->group(fsdp);
+  cmd->add_flag_callback("--fsdp-no-prefetch", [o] { o->trainer().strategy_options().fsdp().prefetch(false); },
+                         "Gather each unit only when it runs, not during the unit before it (one unit gathered at a "
+                         "time instead of two; slower)")
+      ->group(fsdp);
 
   auto* ckpt = "Checkpoints";
   cmd->add_option("--checkpoint-dir", checkpoint.dir(), "Write checkpoints (step-N.pt) here, at each epoch end")

@@ -118,7 +118,7 @@ void FsdpStrategy::build_units() {
     if (plan.params.empty()) continue;  // all frozen: see Note [Frozen parameters]
     units_.push_back(std::make_unique<FsdpUnit>(plan.name, plan.params, model_params, group_, kBucketCapBytes));
     for (size_t b = 0; b < plan.blocks.size(); ++b)
-      places_[plan.blocks[b]] = BlockPlace{units_.back().get(), b == 0, b + 1 == plan.blocks.size()};
+      places_[plan.blocks[b]] = BlockPlace{units_.size() - 1, b == 0, b + 1 == plan.blocks.size()};
   }
   TORCH_CHECK_VALUE(!units_.empty(), "rank ", group_.rank(), ": fsdp: the model has no trainable parameters to ",
                     "shard (all ", model_params, " have requires_grad false); unfreeze the ones to train");
@@ -130,30 +130,58 @@ torch::Tensor FsdpStrategy::run_block(const models::Block& block, const torch::T
   const auto it = places_.find(block.name);
   if (it == places_.end()) return block.forward(x);  // no parameters: nothing to gather
   const BlockPlace& place = it->second;
-  if (place.first) place.unit->gather();
+  if (place.first) {
+    units_[place.unit]->gather();
+    prefetch(place.unit + 1);
+  }
   torch::Tensor y = block.forward(x);
-  if (place.last) after_unit_forward(*place.unit, y);
+  if (place.last) after_unit_forward(place.unit, y);
   return y;
 }
 
 torch::Tensor FsdpStrategy::run_model(const torch::Tensor& x) {
+  reshard_every_unit();  // Note [FSDP prefetch]: a forward starts from the shards
   if (classifier_) return model_.forward(x);  // unit by unit, through run_block
-  FsdpUnit& unit = *units_.front();
-  unit.gather();
+  units_.front()->gather();
   torch::Tensor y = model_.forward(x);
-  after_unit_forward(unit, y);
+  after_unit_forward(0, y);
   return y;
 }
 
 // See Note [FSDP units]: the hook runs when the gradient of the unit's output is complete, before
 // any operation of the unit's backward.
-void FsdpStrategy::after_unit_forward(FsdpUnit& unit, const torch::Tensor& output) {
+void FsdpStrategy::after_unit_forward(size_t index, const torch::Tensor& output) {
+  FsdpUnit& unit = *units_[index];
   const bool backward_follows = torch::GradMode::is_enabled() && output.requires_grad();
   if (backward_follows) {
     torch::Tensor hooked = output;
-    hooked.register_hook([&unit](const torch::Tensor&) { unit.gather(); });
+    hooked.register_hook([this, index](const torch::Tensor&) {
+      units_[index]->gather();
+      if (index > 0) prefetch(index - 1);
+    });
   }
   if (!backward_follows || options_.fsdp().reshard_after_forward()) unit.reshard();
+}
+
+// Note [FSDP prefetch]
+// A unit's all-gather on the calling thread leaves the core idle while the shards travel, and
+// every such gather is a meeting of all ranks: the faster rank waits for the slower one at each
+// unit, twice a step. With prefetch, the unit that runs next is gathered on the group's worker
+// while this one computes: in forward, unit u+1 once unit u has its parameters; in backward, unit
+// u-1 once unit u's backward begins (its output's gradient hook). When that unit's turn comes,
+// gather() only waits for what is already under way, and a rank that is ahead no longer waits at
+// every unit. The order of collectives stays the same on every rank, as the schedule is the
+// model's own. The price is memory: two neighbouring units are gathered at once, which the memory
+// report and plan count. A prefetched unit that is not used after all (a backward that does not
+// reach it) is still gathered when the next forward or optimizer step begins: both reshard every
+// unit first, so no forward sees stale weights and no step changes a shard that an all-gather is
+// still reading.
+void FsdpStrategy::prefetch(size_t index) {
+  if (options_.fsdp().prefetch() && index < units_.size()) units_[index]->prefetch();
+}
+
+void FsdpStrategy::reshard_every_unit() {
+  for (const auto& unit : units_) unit->reshard();
 }
 
 double FsdpStrategy::forward_backward(const std::vector<MicroBatch>& micro_batches, const LossFunction& loss_fn) {
@@ -171,6 +199,7 @@ double FsdpStrategy::forward_backward(const std::vector<MicroBatch>& micro_batch
 
 StepDecision FsdpStrategy::step() {
   auto phase = profiler_->scope(Phase::kOptimizer);
+  reshard_every_unit();  // Note [FSDP prefetch]: no all-gather still reads a shard the step changes
   std::vector<torch::Tensor> grad_shards;
   for (const auto& unit : units_) grad_shards.push_back(unit->grad_shard());
   return step_shards(guard_, *amp_, group_, options_, grad_shards);
@@ -237,13 +266,14 @@ void FsdpStrategy::load_sharded_state_dict(const ShardedState& state, const std:
 
 MemoryReport FsdpStrategy::memory() const {
   MemoryReport m;
-  int64_t largest = 0;
-  for (const auto& unit : units_) {
-    m.param_bytes += tensor_bytes(unit->shard());
-    m.grad_bytes += tensor_bytes(unit->grad_shard());
-    largest = std::max(largest, unit->full_bytes());
+  int64_t gathered = 0;  // at most: one unit, or two neighbours with prefetch (Note [FSDP prefetch])
+  for (size_t u = 0; u < units_.size(); ++u) {
+    m.param_bytes += tensor_bytes(units_[u]->shard());
+    m.grad_bytes += tensor_bytes(units_[u]->grad_shard());
+    const bool pair = options_.fsdp().prefetch() && u + 1 < units_.size();
+    gathered = std::max(gathered, units_[u]->full_bytes() + (pair ? units_[u + 1]->full_bytes() : 0));
   }
-  m.param_bytes += largest + frozen_parameter_bytes(*module_);  // Note [Frozen parameters]
+  m.param_bytes += gathered + frozen_parameter_bytes(*module_);  // Note [Frozen parameters]
   m.optim_bytes = optim::optimizer_state_bytes(*optimizer_);
   return m;
 }

@@ -28,9 +28,19 @@ FsdpUnit::FsdpUnit(std::string name, const std::vector<IndexedParameter>& params
   reshard();
 }
 
-FsdpUnit::~FsdpUnit() = default;
+FsdpUnit::~FsdpUnit() {
+  try {
+    reshard();  // a prefetch still running writes into the storage: wait for it first
+  } catch (const std::exception&) {
+    // the group failed, and said so to whoever waits on it next; nothing is left to free into
+  }
+}
 
 void FsdpUnit::gather() {
+  if (pending_) {
+    c10::intrusive_ptr<c10d::Work> work = std::move(pending_);
+    group_.wait(work, "all_gather_into (fsdp's prefetch)");
+  }
   if (gathered_) return;
   torch::Tensor full = flat_->flat();
   resize_storage(full, full_bytes());
@@ -38,7 +48,16 @@ void FsdpUnit::gather() {
   gathered_ = true;
 }
 
+void FsdpUnit::prefetch() {
+  if (gathered_) return;
+  torch::Tensor full = flat_->flat();
+  resize_storage(full, full_bytes());
+  pending_ = group_.all_gather_into_async(full, shard_);
+  gathered_ = true;
+}
+
 void FsdpUnit::reshard() {
+  if (pending_) gather();
   if (!gathered_) return;
   resize_storage(flat_->flat(), 0);
   gathered_ = false;

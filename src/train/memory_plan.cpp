@@ -134,11 +134,14 @@ struct Planner {
     m.buffers = (stage1 ? 0 : bucket) + (shared_memory ? 0 : bucket + bucket / world + s * world * 4);
   }
 
-  // See Note [FSDP units]: each unit's shard, the largest unit gathered, the optimizer over the
-  // shards; with reshard_after_forward off, every unit stays gathered through backward.
+  // See Note [FSDP units]: each unit's shard, the largest unit gathered (the largest neighbouring
+  // pair with prefetch), the optimizer over the shards; with reshard_after_forward off, every unit
+  // stays gathered through backward.
   void fsdp(RankMemory& m, int64_t r) const {
-    const auto plans = parallel::plan_units(model, model.blocks(), o.trainer().strategy_options().fsdp().min_params(), r);
+    const parallel::FsdpOptions& fsdp_options = o.trainer().strategy_options().fsdp();
+    const auto plans = parallel::plan_units(model, model.blocks(), fsdp_options.min_params(), r);
     std::vector<std::vector<int64_t>> shards;
+    std::vector<int64_t> fulls;  // each unit's gathered bytes, forward order
     int64_t largest = 0, gathered = 0, bucket = 0;
     for (const auto& plan : plans) {
       if (plan.params.empty()) continue;
@@ -155,13 +158,17 @@ struct Planner {
       m.gradients += s * 4;
       largest = std::max(largest, s * world * 4);
       gathered += s * world * 4;
+      fulls.push_back(s * world * 4);
     }
-    m.parameters += largest + parallel::frozen_parameter_bytes(model);
+    int64_t at_once = largest;  // two neighbours with prefetch (Note [FSDP prefetch])
+    if (fsdp_options.prefetch())
+      for (size_t u = 0; u + 1 < fulls.size(); ++u) at_once = std::max(at_once, fulls[u] + fulls[u + 1]);
+    m.parameters += at_once + parallel::frozen_parameter_bytes(model);
     m.optimizer_state = optimizer_bytes(make_optimizer, shards);
     // A bucket's staging; over Gloo also what reduce_scatter receives for it and the flat output
     // of the largest unit's all-gather (see zero()).
     m.buffers = bucket + (shared_memory ? 0 : bucket + bucket / world + largest);
-    if (!o.trainer().strategy_options().fsdp().reshard_after_forward()) m.buffers += gathered - largest;
+    if (!fsdp_options.reshard_after_forward()) m.buffers += gathered - at_once;
   }
 
   // A stage's parameters and their gradients, and in its buffers the other stages' weights (every

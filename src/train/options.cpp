@@ -162,8 +162,9 @@ void TrainOptions::validate() const {
   TORCH_CHECK_VALUE(so.replicas() == 0 || t.strategy() == parallel::StrategyKind::kDp, "--replicas ", so.replicas(),
                     " applies to --strategy dp (DataParallel's replicas); add --strategy dp or drop --replicas");
   const bool fsdp = t.strategy() == parallel::StrategyKind::kFsdp;
-  TORCH_CHECK_VALUE(fsdp || (so.fsdp().min_params() == 0 && so.fsdp().reshard_after_forward()),
-                    "--fsdp-min-params and --fsdp-no-reshard-after-forward set FSDP's units: add --strategy fsdp");
+  TORCH_CHECK_VALUE(fsdp || (so.fsdp().min_params() == 0 && so.fsdp().reshard_after_forward() && so.fsdp().prefetch()),
+                    "--fsdp-min-params, --fsdp-no-reshard-after-forward and --fsdp-no-prefetch set FSDP's units: add "
+                    "--strategy fsdp");
   TORCH_CHECK_VALUE(so.fsdp().min_params() >= 0, "--fsdp-min-params ", so.fsdp().min_params(),
                     " must be >= 0 (0: one unit per block)");
   TORCH_CHECK_VALUE(!fsdp || !t.checkpoint_activations(), "--checkpoint-activations with --strategy fsdp: fsdp runs ",

@@ -44,11 +44,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{OptimizerKind::kSGD, false, {}}, Case{OptimizerKind::kAdam, false, {}},
                       Case{OptimizerKind::kAdamW, false, {}}, Case{OptimizerKind::kAdam, true, {}},
                       Case{OptimizerKind::kSGD, true, FsdpOptions().reshard_after_forward(false)},
-                      Case{OptimizerKind::kAdamW, false, FsdpOptions().min_params(kFc1 + kFc2)}),
+                      Case{OptimizerKind::kAdamW, false, FsdpOptions().min_params(kFc1 + kFc2)},
+                      Case{OptimizerKind::kAdam, true, FsdpOptions().prefetch(false)}),
     [](const auto& info) {
       const Case& c = info.param;
       return optim::to_string(c.optimizer) + (c.accumulate_and_clip ? "_accumulation_clip_norm" : "") +
-             (c.fsdp.reshard_after_forward() ? "" : "_kept_gathered") + (c.fsdp.min_params() > 0 ? "_one_unit" : "");
+             (c.fsdp.reshard_after_forward() ? "" : "_kept_gathered") + (c.fsdp.min_params() > 0 ? "_one_unit" : "") +
+             (c.fsdp.prefetch() ? "" : "_no_prefetch");
     });
 
 // Units follow the blocks, or join them up to --fsdp-min-params; between uses no unit holds its
@@ -88,29 +90,56 @@ TEST(FsdpStrategy, UnitsAreGatheredOnlyWhileInUse) {
   });
 }
 
-// Adam, fp32, 2 ranks: 16 bytes per parameter divided by N, plus the largest unit gathered, and
+// Note [FSDP prefetch]: a prefetched unit is gathered at once and holds the full weights when
+// gather() returns; reshard() of a unit whose all-gather is still under way waits for it, and the
+// unit gathers correctly after that.
+TEST(FsdpStrategy, PrefetchGathersTheUnitsWeights) {
+  const auto initial = mlp(3);
+  run_ranks(2, [&](int64_t, dist::ProcessGroup& group) {
+    FsdpStrategy fsdp(torch::nn::AnyModule(copy_of(*initial)), with_optimizer(OptimizerKind::kSGD).group(&group));
+    for (int round = 0; round < 3; ++round) {
+      for (const auto& unit : fsdp.units()) {
+        unit->prefetch();
+        EXPECT_TRUE(unit->gathered()) << unit->name();
+        if (round == 1) unit->reshard();  // while the all-gather may still run
+        unit->gather();
+      }
+      const auto now = fsdp.units()[0]->flat().params();
+      EXPECT_TRUE(torch::equal(now[0], initial->fc1->weight)) << "round " << round;
+      EXPECT_TRUE(torch::equal(now[1], initial->fc1->bias)) << "round " << round;
+      EXPECT_TRUE(torch::equal(fsdp.units()[1]->flat().params()[0], initial->fc2->weight)) << "round " << round;
+      for (const auto& unit : fsdp.units()) unit->reshard();
+    }
+  });
+}
+
+// Adam, fp32, 2 ranks: 16 bytes per parameter divided by N, plus the units gathered at once (both of
+// this model's two with prefetch, the larger without: Note [FSDP prefetch]), and
 // per step three times (N-1)/N of the parameters' bytes on the wire: an all-gather in forward,
 // another in backward and a reduce-scatter (the ZeRO paper's 3Psi), plus 24 bytes of the step's
 // loss vote and norm all-reduce.
 TEST(FsdpStrategy, MemoryAndBytesSentAreTheZeroPapersStage3) {
   const Data d = random_data(48, 3);
-  std::vector<MemoryReport> reports(2);
-  std::vector<int64_t> sent(2);
   const auto initial = mlp(1);
-  run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-    FsdpStrategy fsdp(torch::nn::AnyModule(copy_of(*initial)), with_optimizer(OptimizerKind::kAdam).group(&group));
-    train(fsdp, d, 0, 1, rank, false);
-    const int64_t before = group.bytes_sent();
-    train(fsdp, d, 1, 1, rank, false);
-    sent[rank] = group.bytes_sent() - before;
-    reports[rank] = fsdp.memory();
-  });
-  const int64_t shards = kFc1 / 2 + kFc2 / 2, psi = kFc1 + kFc2;  // both even: no padding
-  for (int64_t rank : {0, 1}) {
-    EXPECT_EQ(reports[rank].param_bytes, 4 * shards + 4 * kFc1) << "rank " << rank;
-    EXPECT_EQ(reports[rank].grad_bytes, 4 * shards);
-    EXPECT_EQ(reports[rank].optim_bytes, 8 * shards);
-    EXPECT_EQ(sent[rank], 3 * (4 * psi / 2) + 24);
+  for (bool prefetch : {true, false}) {
+    std::vector<MemoryReport> reports(2);
+    std::vector<int64_t> sent(2);
+    run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
+      FsdpStrategy fsdp(torch::nn::AnyModule(copy_of(*initial)),
+                        with_optimizer(OptimizerKind::kAdam).group(&group).fsdp(FsdpOptions().prefetch(prefetch)));
+      train(fsdp, d, 0, 1, rank, false);
+      const int64_t before = group.bytes_sent();
+      train(fsdp, d, 1, 1, rank, false);
+      sent[rank] = group.bytes_sent() - before;
+      reports[rank] = fsdp.memory();
+    });
+    const int64_t shards = kFc1 / 2 + kFc2 / 2, psi = kFc1 + kFc2;  // both even: no padding
+    for (int64_t rank : {0, 1}) {
+      EXPECT_EQ(reports[rank].param_bytes, 4 * shards + 4 * (prefetch ? psi : kFc1)) << "rank " << rank;
+      EXPECT_EQ(reports[rank].grad_bytes, 4 * shards);
+      EXPECT_EQ(reports[rank].optim_bytes, 8 * shards);
+      EXPECT_EQ(sent[rank], 3 * (4 * psi / 2) + 24) << "prefetch " << prefetch;
+    }
   }
 }
 

@@ -65,14 +65,19 @@ TEST(FsdpTrain, AnotherGlobalBatchResumesWithAWarning) {
   EXPECT_THAT(one.output, HasSubstr("\"steps\":17"));
 }
 
-// --report-memory: the shards (mlp: 203530 parameters, 101765 per rank) plus the largest unit
-// gathered (fc1, 200960 parameters), and three times (N-1)/N x 4 bytes per parameter sent per
-// step (two all-gathers and a reduce-scatter), against zero2's two.
+// --report-memory: the shards (mlp: 203530 parameters, 101765 per rank) plus the units gathered at
+// once: both (fc1 and fc2) with prefetch, the larger (fc1, 200960 parameters) with
+// --fsdp-no-prefetch; and three times (N-1)/N x 4 bytes per parameter sent per step (two
+// all-gathers and a reduce-scatter), against zero2's two, either way.
 TEST(FsdpTrain, ReportMemoryShowsTheShardsTheGatheredUnitAndTheBytesSentPerStep) {
-  auto run = testing::run_command(kTwoRanks + " --strategy fsdp --report-memory");
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("memory: parameters 1.15 MiB, gradients 0.39 MiB, optimizer 0.78 MiB"));
-  EXPECT_THAT(run.output, HasSubstr("sent 1.16 MiB per step"));
+  for (const auto& [flags, param_bytes] : std::vector<std::pair<std::string, int64_t>>{
+           {"", 4 * (101765 + 203530)}, {" --fsdp-no-prefetch", 4 * (101765 + 200960)}}) {
+    auto run = testing::run_command(kTwoRanks + " --strategy fsdp --report-memory" + flags);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_THAT(run.output, HasSubstr("\"param_bytes\":" + std::to_string(param_bytes) + ",")) << flags;
+    EXPECT_THAT(run.output, HasSubstr("gradients 0.39 MiB, optimizer 0.78 MiB")) << flags;
+    EXPECT_THAT(run.output, HasSubstr("sent 1.16 MiB per step")) << flags;
+  }
 }
 
 // Bad configurations fail before the first step, naming the fix.
@@ -81,8 +86,9 @@ TEST(FsdpTrain, BadConfigurationsFailBeforeTraining) {
   for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
            {"--strategy fsdp", "the fsdp strategy shards the parameters across ranks and needs a process group"},
            {"--strategy ddp", "the ddp strategy needs a process group"},
-           {"--fsdp-min-params 1000", "--fsdp-min-params and --fsdp-no-reshard-after-forward set FSDP's units: add "
-                                      "--strategy fsdp"},
+           {"--fsdp-min-params 1000", "--fsdp-min-params, --fsdp-no-reshard-after-forward and --fsdp-no-prefetch set "
+                                      "FSDP's units: add --strategy fsdp"},
+           {"--fsdp-no-prefetch", "FSDP's units: add --strategy fsdp"},
            {"--strategy fsdp --checkpoint-activations", "--checkpoint-activations with --strategy fsdp"},
            {"--strategy fsdp3", "fsdp3"}}) {
     auto r = testing::run_command(alone + " " + flags);

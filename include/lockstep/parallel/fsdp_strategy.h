@@ -62,14 +62,16 @@ class FsdpStrategy : public Strategy {
  private:
   // Where a block stands in its unit (blocks without parameters belong to none).
   struct BlockPlace {
-    FsdpUnit* unit = nullptr;
+    size_t unit = 0;  // index into units_, forward order
     bool first = false, last = false;
   };
 
   void build_units();
   torch::Tensor run_block(const models::Block& block, const torch::Tensor& x);
   torch::Tensor run_model(const torch::Tensor& x);  // the forward, unit by unit
-  void after_unit_forward(FsdpUnit& unit, const torch::Tensor& output);
+  void after_unit_forward(size_t unit, const torch::Tensor& output);
+  void prefetch(size_t unit);     // Note [FSDP prefetch]: an index past either end does nothing
+  void reshard_every_unit();
   std::vector<const FlatParameters*> flats() const;
   std::vector<ShardLayout> layouts() const;
   std::vector<torch::Tensor> shards() const;

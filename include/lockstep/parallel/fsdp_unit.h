@@ -60,8 +60,11 @@ class FsdpUnit {
   int64_t full_bytes() const { return flat_->padded_numel() * 4; }
   bool gathered() const { return gathered_; }
 
-  // Collective over the group (every rank, same order); nothing when already gathered.
+  // Collective over the group (every rank, same order); nothing when already gathered. gather()
+  // returns with the parameters in place; prefetch() only starts the all-gather, and the next
+  // gather() (or reshard()) waits for it (Note [FSDP prefetch]).
   void gather();
+  void prefetch();
   void reshard();
 
  private:
@@ -72,6 +75,7 @@ class FsdpUnit {
   torch::Tensor grad_shard_;
   std::unique_ptr<ShardReducer> reducer_;
   bool gathered_ = true;
+  c10::intrusive_ptr<c10d::Work> pending_;  // a prefetch's all-gather, until waited for
 };
 
 // A unit to build: its name ("layer1.0", or "layer1.0+layer1.1" when blocks are joined), its

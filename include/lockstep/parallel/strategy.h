@@ -65,6 +65,10 @@ struct FsdpOptions {
   // Free a unit's full parameters after its forward and gather them again for its backward;
   // false keeps them from forward to the end of its backward (PyTorch's reshard_after_forward).
   TORCH_ARG(bool, reshard_after_forward) = true;
+  // Start the all-gather of the unit that runs next while this one computes: in forward the unit
+  // after it, in backward the unit before it (PyTorch's forward_prefetch and BACKWARD_PRE). One
+  // more unit is gathered at a time. See Note [FSDP prefetch].
+  TORCH_ARG(bool, prefetch) = true;
 };
 
 // What every built-in strategy does the same way around the step.
