@@ -1,7 +1,8 @@
 // ZeRO's and FSDP's collectives through shared memory (shm_gather_scatter.cpp, Note [Collectives
 // through shared memory]) on real ranks (threads, each with its own process group): all_gather_into
 // and reduce_scatter against Gloo's on the same ranks, for sizes of one element to several rounds
-// of a slot, even and uneven parts, and a mismatched collective named.
+// of a slot, even and uneven parts, their order among queued collectives, and a mismatched
+// collective named.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -88,6 +89,39 @@ TEST(ShmReduceScatter, EachRankGetsItsPartOfTheSumAsGlooGivesIt) {
       }
     });
   }
+}
+
+// Note [Collectives on the calling thread]: a synchronous collective issued while queued ones are
+// still pending waits its turn instead of running at once, on every rank in the same order. Rank 1
+// issues its queued work later than rank 0, so on one rank the synchronous calls find the worker
+// busy and on the other idle; every result is still each collective's own. Then a prefetch-style
+// all_gather_into_async left running while synchronous calls follow it.
+TEST(ShmAllGather, QueuedAndCallingThreadCollectivesKeepTheirOrder) {
+  lockstep::testing::run_ranks(2, [&](int64_t rank, ProcessGroup& pg) {
+    ASSERT_TRUE(pg.uses_shared_memory());
+    for (int round = 0; round < 4; ++round) {
+      torch::Tensor big = torch::full({3 * kSlotFloats}, static_cast<double>(rank + 1));  // three chunks
+      c10::intrusive_ptr<c10d::Work> summing = pg.all_reduce_async(big);
+      if (rank == 1 && round % 2 == 0) pg.wait(summing, "all_reduce");  // rank 1's worker idle by now
+      torch::Tensor gathered = torch::empty({2 * 5});
+      pg.all_gather_into(gathered, torch::full({5}, static_cast<double>(10 * (rank + 1) + round)));
+      torch::Tensor part = torch::empty({3});
+      pg.reduce_scatter(part, torch::arange(6, torch::kFloat).add(rank));
+      torch::Tensor later = torch::empty({2 * 7});
+      c10::intrusive_ptr<c10d::Work> prefetch = pg.all_gather_into_async(later, torch::full({7}, 1.0 + rank));
+      torch::Tensor one = torch::full({1}, 1.0);
+      pg.all_reduce(one);
+      pg.wait(summing, "all_reduce");
+      pg.wait(prefetch, "all_gather_into");
+      const std::string what = c10::str("rank ", rank, " round ", round);
+      EXPECT_TRUE(torch::equal(big, torch::full({3 * kSlotFloats}, 3.0))) << what;
+      EXPECT_TRUE(torch::equal(gathered, torch::cat({torch::full({5}, 10.0 + round), torch::full({5}, 20.0 + round)})))
+          << what;
+      EXPECT_TRUE(torch::equal(part, torch::arange(6, torch::kFloat).mul(2).add(1).narrow(0, 3 * rank, 3))) << what;
+      EXPECT_TRUE(torch::equal(later, torch::cat({torch::full({7}, 1.0), torch::full({7}, 2.0)}))) << what;
+      EXPECT_EQ(one.item<float>(), 2.0f) << what;
+    }
+  }, std::chrono::seconds(20));
 }
 
 // One rank in an all-gather while the other is in a reduce-scatter: both name what each is in.
