@@ -56,11 +56,10 @@ ours() {
     --batch-size "$batch" --max-length 128 --optimizer adamw --lr 0.001 --seed 0 --threads 1 \
     --log-jsonl "$tmp/steps.jsonl" --log-every 1 "$@" | sed -n 's/^\[rank 0\] \({.*\)/\1/p'
 }
-port=29811
+# One peer run on both ranks; $1: its rendezvous port (a fresh one each run).
 peer() {
-  port=$((port + 1))
   for r in 0 1; do
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r OMP_NUM_THREADS=1 \
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$1 WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r OMP_NUM_THREADS=1 \
       "$py" bench/gpt_mini_peer.py "${peer_args[@]}" --init-weights "$tmp/init.pt" &
   done
   wait
@@ -75,7 +74,7 @@ for ((i = 1; i <= runs; i++)); do
   rm -f "$tmp/steps.jsonl"
   save=(); ((i == 1)) && save=(--save-model "$tmp/trained.pt")
   o=$(ours "${save[@]}"); echo "lockstep run $i: $o"
-  p=$(peer); echo "peer     run $i: $p"
+  p=$(peer $((29811 + i))); echo "peer     run $i: $p"
   # The same function on the same batches: compare, then time.
   ours_losses=$(grep '"event":"step"' "$tmp/steps.jsonl" | head -5 | field loss | tr '\n' ' ')
   peer_losses=$(sed -n 's/.*"first_losses": \[\([^]]*\)\].*/\1/p' <<<"$p" | tr -d ',')
