@@ -5,13 +5,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstdio>
 
 #include "lockstep/core/heap.h"
 #include "lockstep/core/process.h"
 #include "lockstep/dist/process_group.h"
-#include "../dist/shm_segment.h"
-#include "lockstep/log/svg_chart.h"
 #include "lockstep/parallel/flat_parameters.h"
 #include "lockstep/parallel/fsdp_unit.h"
 #include "lockstep/parallel/pipeline_placement.h"
@@ -234,18 +231,6 @@ void release_heap() {
   if (CachingCpuAllocator* caching = CachingCpuAllocator::installed()) caching->release_cached();
 }
 
-// The pages of the process group's shared-memory segment a rank touches (Note [Collectives through
-// shared memory]): one slot of dist::ShmSegment::kSlotBytes per rank and a result slot, each
-// filled up to the largest message of a step's collectives, which carry at most the model's
-// parameters or gradients (`model_bytes`); its control lines are one page.
-int64_t shared_segment_bytes(int64_t world, int64_t model_bytes) {
-  const int64_t page = 4096;
-  const int64_t per_slot = std::min(dist::ShmSegment::kSlotBytes, (model_bytes + page - 1) / page * page);
-  return (world + 1) * per_slot + page;
-}
-
-double mib(int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
-
 // The dry run draws from the CPU generator (models' initialisation, dropout): the run it plans must
 // draw what it would have drawn without it, so that the check at launch changes no result.
 class GeneratorStateGuard {
@@ -299,63 +284,6 @@ MemoryPlan plan_from_probe(const TrainOptions& o, const MemoryPlanOptions& p, co
 }
 
 }  // namespace
-
-std::string rank_breakdown(const RankMemory& m) {
-  char line[440];
-  std::snprintf(line, sizeof(line), "rank %lld%s: parameters %.2f, gradients %.2f, optimizer state %.2f, fp32 masters %.2f, "
-                "activations %.2f, buffers %.2f%s, baseline %.1f, data %.1f; peak %.1f MiB (%s)",
-                static_cast<long long>(m.rank), m.stage >= 0 ? c10::str(" (stage ", m.stage, ")").c_str() : "",
-                mib(m.parameters), mib(m.gradients), mib(m.optimizer_state), mib(m.masters), mib(m.activations),
-                mib(m.buffers),
-                c10::str(m.collectives > 0 ? ", collectives " + log::fixed(mib(m.collectives), 2) : "",
-                         m.cached > 0 ? ", cached " + log::fixed(mib(m.cached), 2) : "").c_str(),
-                mib(m.baseline), mib(m.data), mib(m.peak()), m.peak_moment().c_str());
-  return line;
-}
-
-void MemoryPlanOptions::validate() const {
-  TORCH_CHECK_VALUE(world_size() >= 1, "MemoryPlanOptions::world_size ", world_size(), " must be at least 1");
-  TORCH_CHECK_VALUE(local_ranks() >= 0, "MemoryPlanOptions::local_ranks ", local_ranks(), " must be >= 0 (0: world_size)");
-  TORCH_CHECK_VALUE(probe_rows() >= 1, "MemoryPlanOptions::probe_rows ", probe_rows(), " must be at least 1");
-}
-
-int64_t RankMemory::peak() const { return std::max({launch_check, first_step, steady, evaluation}); }
-
-std::string RankMemory::peak_moment() const {
-  if (launch_check > std::max({first_step, steady, evaluation})) return "check at launch";
-  if (evaluation > steady && evaluation > first_step) return "evaluation";
-  return first_step > steady ? "first step" : "steady state";
-}
-
-const RankMemory& MemoryPlan::largest() const {
-  TORCH_CHECK(!ranks.empty(), "memory plan: no ranks");
-  return *std::max_element(ranks.begin(), ranks.end(),
-                           [](const RankMemory& a, const RankMemory& b) { return a.peak() < b.peak(); });
-}
-
-nlohmann::ordered_json MemoryPlan::to_json() const {
-  nlohmann::ordered_json j{{"strategy", strategy}, {"opt_level", opt_level}, {"world_size", world_size},
-                           {"batch_size", batch_size}, {"checkpoint_activations", checkpoint_activations}};
-  j["ranks"] = nlohmann::ordered_json::array();
-  for (const RankMemory& m : ranks) {
-    nlohmann::ordered_json r{{"rank", m.rank}};
-    if (m.stage >= 0) r["stage"] = m.stage;
-    r.update({{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer_state", m.optimizer_state},
-              {"masters", m.masters}, {"activations", m.activations}, {"buffers", m.buffers},
-              {"collectives", m.collectives}, {"cached", m.cached},
-              {"baseline", m.baseline}, {"data", m.data}, {"first_step", m.first_step}, {"steady", m.steady},
-              {"evaluation", m.evaluation}, {"launch_check", m.launch_check},
-              {"peak", m.peak()}, {"peak_moment", m.peak_moment()}});
-    j["ranks"].push_back(std::move(r));
-  }
-  return j;
-}
-
-std::string MemoryPlan::table() const {
-  std::string out;
-  for (const RankMemory& m : ranks) out += rank_breakdown(m) + "\n";
-  return out;
-}
 
 MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
                           ProcessMemory& process) {
