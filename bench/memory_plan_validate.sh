@@ -46,8 +46,8 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include apps || echo ' (with uncommitted changes)')"
 echo "command: $0${ONLY:+ (ONLY=$ONLY)}"
 echo
-printf '| %-34s | %4s | %-12s | %13s | %12s | %7s |\n' configuration rank "peak moment" "planned (MiB)" "peak RSS (MiB)" error
-printf '|%s|%s|%s|%s|%s|%s|\n' ------------------------------------ ------ -------------- --------------- -------------- ---------
+printf '| %-34s | %4s | %-15s | %13s | %12s | %7s |\n' configuration rank "peak moment" "planned (MiB)" "peak RSS (MiB)" error
+printf '|%s|%s|%s|%s|%s|%s|\n' ------------------------------------ ------ ----------------- --------------- -------------- ---------
 worst=0
 for config in "${CONFIGS[@]}"; do
   IFS='|' read -r name ranks flags <<<"$config"
@@ -72,7 +72,7 @@ for r in plan["ranks"]:
     planned = r["peak"] / 2**20
     error = planned / measured[r["rank"]] - 1
     worst = max(worst, abs(error))
-    print(f'| {sys.argv[3]:<34} | {r["rank"]:>4} | {r["peak_moment"]:<12} | {planned:>13.1f} | {measured[r["rank"]]:>14.1f} | {100 * error:>+6.1f}% |', file=sys.stderr)
+    print(f'| {sys.argv[3]:<34} | {r["rank"]:>4} | {r["peak_moment"]:<15} | {planned:>13.1f} | {measured[r["rank"]]:>14.1f} | {100 * error:>+6.1f}% |', file=sys.stderr)
 print(f"{worst:.4f}")
 EOF
   )

@@ -5,12 +5,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstdio>
 
 #include "lockstep/core/heap.h"
 #include "lockstep/core/process.h"
 #include "lockstep/dist/process_group.h"
-#include "lockstep/log/svg_chart.h"
 #include "lockstep/parallel/flat_parameters.h"
 #include "lockstep/parallel/fsdp_unit.h"
 #include "lockstep/parallel/pipeline_placement.h"
@@ -50,6 +48,7 @@ struct Planner {
     int64_t grads_in_buffers = 0;  // gradients that are views of the buffers (ddp's buckets)
     int64_t micro_batches = o.trainer().accum_steps();  // backwards into the same gradients per step
     int64_t largest_gradient = 0;                       // bytes of the rank's largest gradient tensor
+    int64_t in_flight = 0;  // what reducing into shards holds beside the bucket staging (zero2, fsdp)
     switch (kind) {
       case parallel::StrategyKind::kLocal:
       case parallel::StrategyKind::kDdp:
@@ -60,10 +59,10 @@ struct Planner {
         break;
       case parallel::StrategyKind::kZero1:
       case parallel::StrategyKind::kZero2:
-        zero(m);
+        zero(m, &in_flight);
         break;
       case parallel::StrategyKind::kFsdp:
-        fsdp(m, r);
+        fsdp(m, r, &in_flight);
         break;
       case parallel::StrategyKind::kPipeline:
         pipeline(m, r, &rows, &activation_scale, &micro_batches, &largest_gradient);
@@ -76,6 +75,7 @@ struct Planner {
     const bool accumulates = kind != parallel::StrategyKind::kZero1 && kind != parallel::StrategyKind::kZero2 &&
                              kind != parallel::StrategyKind::kFsdp;
     if (accumulates && micro_batches > 1) m.activations += largest_gradient;
+    if (probe.stepped) m.activations += in_flight;
     const int64_t held = m.parameters + m.masters + m.buffers + m.gradients - grads_in_buffers;
     m.steady = held + m.optimizer_state + m.activations;
     if (kind == parallel::StrategyKind::kDdp) {
@@ -84,9 +84,19 @@ struct Planner {
       m.collectives = ddp_all_gather_bytes(probe.trained, world);
       m.steady += std::max<int64_t>(0, m.collectives - probe.masters);
     }
+    if (o.text() && probe.stepped && CachingCpuAllocator::installed() != nullptr) {  // See Note [Planning memory]
+      m.cached = CachingCpuAllocator::bound_bytes(m.steady) - m.steady;
+      m.steady += m.cached;
+    }
     const int64_t first_extra = std::llround(
         activation_scale * static_cast<double>(std::max<int64_t>(0, probe.first.at(rows) - grads_local - optim_local)));
     m.first_step = held + m.optimizer_state + first_extra;
+    if (probe.stepped) {  // See Note [Planning memory]: the check's own dry run
+      const parallel::MemoryReport& local = probe.local;
+      const int64_t dry_first = local.param_bytes + probe.masters + probe.first.at(probe.dry_rows);
+      const int64_t dry_eval = local.param_bytes + local.grad_bytes + local.optim_bytes + probe.eval_bytes;
+      m.launch_check = std::max(dry_first, dry_eval);
+    }
     if (eval_batch_size > 0) {  // the held-out split, evaluated after each epoch
       // See Note [Planning memory]: glibc's heap keeps the step's freed blocks, which tensors of
       // another batch size cannot reuse; the caching allocator unmaps them for the evaluation's.
@@ -119,7 +129,7 @@ struct Planner {
   // See Note [Flat parameters and shards]: the flat N x S buffer on every rank, the optimizer over
   // this rank's S; stage 1 keeps the whole flat gradient, stage 2 its shard and one bucket's
   // staging at a time.
-  void zero(RankMemory& m) const {
+  void zero(RankMemory& m, int64_t* in_flight) const {
     const int64_t s = shard_numel(trainable_numel(), world);
     m.parameters = s * world * 4 + parallel::frozen_parameter_bytes(model);
     const bool stage1 = kind == parallel::StrategyKind::kZero1;
@@ -132,12 +142,20 @@ struct Planner {
     for (const auto& p : parallel::trainable_parameters(model)) numels.push_back(p.tensor.numel());
     const int64_t bucket = stage1 ? s * world * 4 : largest_bucket_bytes(numels, s * world);
     m.buffers = (stage1 ? 0 : bucket) + (shared_memory ? 0 : bucket + bucket / world + s * world * 4);
+    if (!stage1) *in_flight = reducing_in_flight(numels, bucket);
+  }
+
+  // See Note [Planning memory]: the larger of the largest parameter's gradient (numels, fp32)
+  // and a bucket's reduced shard, beside the bucket's staging.
+  int64_t reducing_in_flight(const std::vector<int64_t>& numels, int64_t bucket) const {
+    const int64_t largest = numels.empty() ? 0 : *std::max_element(numels.begin(), numels.end()) * 4;
+    return std::max(largest, bucket / world);
   }
 
   // See Note [FSDP units]: each unit's shard, the largest unit gathered (the largest neighbouring
   // pair with prefetch), the optimizer over the shards; with reshard_after_forward off, every unit
   // stays gathered through backward.
-  void fsdp(RankMemory& m, int64_t r) const {
+  void fsdp(RankMemory& m, int64_t r, int64_t* in_flight) const {
     const parallel::FsdpOptions& fsdp_options = o.trainer().strategy_options().fsdp();
     const auto plans = parallel::plan_units(model, model.blocks(), fsdp_options.min_params(), r);
     std::vector<std::vector<int64_t>> shards;
@@ -152,7 +170,9 @@ struct Planner {
         numels.push_back(p.tensor.numel());
       }
       const int64_t s = shard_numel(n, world);
-      bucket = std::max(bucket, largest_bucket_bytes(numels, s * world));
+      const int64_t unit_bucket = largest_bucket_bytes(numels, s * world);
+      bucket = std::max(bucket, unit_bucket);
+      *in_flight = std::max(*in_flight, reducing_in_flight(numels, unit_bucket));
       shards.push_back({s});
       m.parameters += s * 4;
       m.gradients += s * 4;
@@ -218,8 +238,6 @@ void release_heap() {
   if (CachingCpuAllocator* caching = CachingCpuAllocator::installed()) caching->release_cached();
 }
 
-double mib(int64_t bytes) { return static_cast<double>(bytes) / kMiB; }
-
 // The dry run draws from the CPU generator (models' initialisation, dropout): the run it plans must
 // draw what it would have drawn without it, so that the check at launch changes no result.
 class GeneratorStateGuard {
@@ -255,73 +273,24 @@ MemoryPlan plan_from_probe(const TrainOptions& o, const MemoryPlanOptions& p, co
                              dist::wants_shared_memory();
   const Planner planner{o, kind, p.world_size(), probe, model, o.strategy_options(nullptr).optimizer(), eval_batch_size,
                         shared_memory};
+  // See Note [Planning memory]: the group's shared-memory segment, resident in every rank that
+  // copies through it.
+  const bool through_segment = shared_memory && kind != parallel::StrategyKind::kPipeline;
+  const int64_t segment = through_segment ? shared_segment_bytes(p.world_size(), layout_bytes(model)) : 0;
   for (int64_t r = 0; r < p.world_size(); ++r) {
     RankMemory m = planner.rank(r);
-    m.baseline = process.baseline;
+    m.baseline = process.baseline + segment;
     m.data = process.data;
-    m.steady += process.baseline + process.data;
-    m.first_step += process.baseline + process.data;
-    if (m.evaluation > 0) m.evaluation += process.baseline + process.data;
+    m.steady += m.baseline + process.data;
+    m.first_step += m.baseline + process.data;
+    if (m.evaluation > 0) m.evaluation += m.baseline + process.data;
+    if (m.launch_check > 0) m.launch_check += process.baseline + process.data;  // before the group
     plan.ranks.push_back(m);
   }
   return plan;
 }
 
 }  // namespace
-
-std::string rank_breakdown(const RankMemory& m) {
-  char line[440];
-  std::snprintf(line, sizeof(line), "rank %lld%s: parameters %.2f, gradients %.2f, optimizer state %.2f, fp32 masters %.2f, "
-                "activations %.2f, buffers %.2f%s, baseline %.1f, data %.1f; peak %.1f MiB (%s)",
-                static_cast<long long>(m.rank), m.stage >= 0 ? c10::str(" (stage ", m.stage, ")").c_str() : "",
-                mib(m.parameters), mib(m.gradients), mib(m.optimizer_state), mib(m.masters), mib(m.activations),
-                mib(m.buffers), m.collectives > 0 ? c10::str(", collectives ", log::fixed(mib(m.collectives), 2)).c_str() : "",
-                mib(m.baseline), mib(m.data), mib(m.peak()), m.peak_moment().c_str());
-  return line;
-}
-
-void MemoryPlanOptions::validate() const {
-  TORCH_CHECK_VALUE(world_size() >= 1, "MemoryPlanOptions::world_size ", world_size(), " must be at least 1");
-  TORCH_CHECK_VALUE(local_ranks() >= 0, "MemoryPlanOptions::local_ranks ", local_ranks(), " must be >= 0 (0: world_size)");
-  TORCH_CHECK_VALUE(probe_rows() >= 1, "MemoryPlanOptions::probe_rows ", probe_rows(), " must be at least 1");
-}
-
-int64_t RankMemory::peak() const { return std::max({first_step, steady, evaluation}); }
-
-std::string RankMemory::peak_moment() const {
-  if (evaluation > steady && evaluation > first_step) return "evaluation";
-  return first_step > steady ? "first step" : "steady state";
-}
-
-const RankMemory& MemoryPlan::largest() const {
-  TORCH_CHECK(!ranks.empty(), "memory plan: no ranks");
-  return *std::max_element(ranks.begin(), ranks.end(),
-                           [](const RankMemory& a, const RankMemory& b) { return a.peak() < b.peak(); });
-}
-
-nlohmann::ordered_json MemoryPlan::to_json() const {
-  nlohmann::ordered_json j{{"strategy", strategy}, {"opt_level", opt_level}, {"world_size", world_size},
-                           {"batch_size", batch_size}, {"checkpoint_activations", checkpoint_activations}};
-  j["ranks"] = nlohmann::ordered_json::array();
-  for (const RankMemory& m : ranks) {
-    nlohmann::ordered_json r{{"rank", m.rank}};
-    if (m.stage >= 0) r["stage"] = m.stage;
-    r.update({{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer_state", m.optimizer_state},
-              {"masters", m.masters}, {"activations", m.activations}, {"buffers", m.buffers},
-              {"collectives", m.collectives},
-              {"baseline", m.baseline}, {"data", m.data}, {"first_step", m.first_step}, {"steady", m.steady},
-              {"evaluation", m.evaluation},
-              {"peak", m.peak()}, {"peak_moment", m.peak_moment()}});
-    j["ranks"].push_back(std::move(r));
-  }
-  return j;
-}
-
-std::string MemoryPlan::table() const {
-  std::string out;
-  for (const RankMemory& m : ranks) out += rank_breakdown(m) + "\n";
-  return out;
-}
 
 MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
                           ProcessMemory& process) {
@@ -365,6 +334,7 @@ MemoryPlan plan_model_states(const TrainOptions& o, const MemoryPlanOptions& p, 
   if (!process.layout) process.layout = data.make_model(nullptr, /*initial_weights=*/false);
   models::Classifier& model = *process.layout;
   MemoryProbe states;  // no activations, no evaluation: a replica's fp32 weights, gradients and state
+  states.stepped = false;
   states.peak_rows = o.trainer().batch_size();
   std::vector<std::vector<int64_t>> shapes;
   for (const torch::Tensor& t : model.parameters()) {

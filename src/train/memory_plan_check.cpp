@@ -47,10 +47,10 @@ std::vector<parallel::StrategyKind> alternative_strategies(const TrainOptions& o
 //   the planned peak by about 1 MiB (0.4%): the second thread's stack and buffers.
 // - train() checks before it makes its process group, so a refused rank does not first wait for
 //   its peers to meet and connect: two ranks under `lockstep run` were refused in 2.1 and 1.65 s
-//   (mlp-wide ddp, convnet zero2) instead of 3.1 and 1.7-2.9 s. The plan at launch then no longer
-//   counts the group's own memory (Gloo's pairs, the shared-memory segment: 7.4 MiB per rank on
-//   two ranks, the difference of the two orders' refusals), which `lockstep plan`, making no group,
-//   never counted either.
+//   (mlp-wide ddp, convnet zero2) instead of 3.1 and 1.7-2.9 s. Neither the check nor `lockstep
+//   plan` has the group's own memory to measure (7.4 MiB per rank on two ranks, the difference of
+//   the two orders' refusals): its shared-memory segment (6 MiB) is planned from its layout (Note
+//   [Planning memory]), Gloo's pairs are not.
 // The lower bound is for fp32 and O1 only: O2 and O3 convert the weights, which it does not model.
 std::string early_refusal(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
                           ProcessMemory& process, const MemoryLimit& limit) {

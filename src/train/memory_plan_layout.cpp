@@ -5,11 +5,18 @@
 #include <algorithm>
 #include <map>
 
+#include "../dist/shm_segment.h"
 #include "lockstep/optim/state_dict.h"
 
 namespace lockstep::train {
 
 int64_t shard_numel(int64_t numel, int64_t world) { return (numel + world - 1) / world; }
+
+int64_t shared_segment_bytes(int64_t world, int64_t model_bytes) {
+  const int64_t page = 4096;
+  const int64_t per_slot = std::min(dist::ShmSegment::kSlotBytes, (model_bytes + page - 1) / page * page);
+  return (world + 1) * per_slot + page;
+}
 
 int64_t largest_bucket_bytes(const std::vector<int64_t>& numels, int64_t padded) {
   std::vector<int64_t> offsets(numels.size());

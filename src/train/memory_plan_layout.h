@@ -36,6 +36,12 @@ int64_t largest_bucket_bytes(const std::vector<int64_t>& numels, int64_t padded)
 // in place (0).
 int64_t ddp_all_gather_bytes(const std::vector<std::pair<int64_t, c10::ScalarType>>& trained, int64_t world);
 
+// The pages of the process group's shared-memory segment a rank touches (Note [Collectives through
+// shared memory]): one slot of dist::ShmSegment::kSlotBytes per rank and a result slot, each
+// filled up to the largest message of a step's collectives, which carry at most the model's
+// parameters or gradients (`model_bytes`); its control lines are one page.
+int64_t shared_segment_bytes(int64_t world, int64_t model_bytes);
+
 // The optimizer's state over tensors of `shapes` after one step, in bytes.
 int64_t optimizer_bytes(const parallel::OptimizerFactory& make, const std::vector<std::vector<int64_t>>& shapes);
 

@@ -35,6 +35,10 @@ struct MemoryProbe {
   // left: in tensors or, when larger, in resident memory (see reset_resident_peak).
   int64_t eval_bytes = 0;
   int64_t peak_rows = 0;  // rows of the epoch's largest batch (text: the most padded tokens)
+  int64_t dry_rows = 0;   // rows of the larger dry run (2 x probe_rows)
+  // false for the model states alone (plan_model_states): no step ran, so a plan from it holds no
+  // step's tensors (activations, gradients in flight).
+  bool stepped = true;
   // Each block's share of the activations a forward leaves for backward (Note [Model blocks]).
   std::vector<double> block_shares;
   // The trainable parameters as the run's opt level stores them (bf16 at O2 and O3, BatchNorm's

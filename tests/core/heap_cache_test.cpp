@@ -125,7 +125,7 @@ TEST(HeapCache, SizeClassesAreWholePagesAndWasteLessThanAnEighth) {
 }
 
 TEST(HeapCache, BlocksAreAlignedAndRawAllocationsRoundTrip) {
-  CachingCpuAllocator allocator;
+  CachingCpuAllocator allocator(kMiB);
   for (const size_t bytes : {size_t{1}, size_t{100}, size_t{1} << 19, size_t{1} << 20, size_t{5} << 20}) {
     void* data = allocator.raw_allocate(bytes);
     ASSERT_NE(data, nullptr);

@@ -174,6 +174,54 @@ TEST(MemoryPlan, ZeroTwoPlansTheBucketsShardReducerCloses) {
   }
 }
 
+// zero2 holds, beside its bucket's staging, each parameter's gradient while backward copies it in,
+// and the bucket's reduce-scatter output: mlp-wide's fc2 weight (4096 x 1024 fp32, 16 MiB) is the
+// larger (its one 28.3 MiB bucket's shard on two ranks is 14.2 MiB). zero1 reduces its whole flat
+// gradient instead. One dry run serves both plans, so the difference is exact.
+TEST(MemoryPlan, ReducingIntoShardsHoldsTheLargestGradientBesideTheStaging) {
+  train::TrainOptions o = synthetic_run("mlp-wide", parallel::StrategyKind::kZero2, 16);
+  const train::ReferenceData data = train::make_image_data(o);
+  train::ProcessMemory process;
+  const auto two_ranks = train::MemoryPlanOptions().world_size(2).evaluation(false);
+  const train::RankMemory zero2 = train::plan_with_data(o, two_ranks, data, process).ranks.at(0);
+  o.trainer().strategy(parallel::StrategyKind::kZero1);
+  const train::RankMemory zero1 = train::plan_with_data(o, two_ranks, data, process).ranks.at(0);
+  EXPECT_EQ(zero2.activations - zero1.activations, int64_t{4096} * 1024 * 4);
+}
+
+// Ranks of one host copy their collectives through the group's shared-memory segment, a slot per
+// rank and a result slot of 2 MiB, which mlp-wide's gradients fill, plus a page of control lines.
+TEST(MemoryPlan, RanksOfOneHostHoldTheSharedMemorySegment) {
+  const train::TrainOptions o = synthetic_run("mlp-wide", parallel::StrategyKind::kDdp, 16);
+  const train::ReferenceData data = train::make_image_data(o);
+  train::ProcessMemory process;
+  const auto one_host = train::MemoryPlanOptions().world_size(2).evaluation(false);
+  const auto two_hosts = train::MemoryPlanOptions(one_host).local_ranks(1);
+  const train::RankMemory hosts = train::plan_with_data(o, two_hosts, data, process).ranks.at(0);
+  const train::RankMemory host = train::plan_with_data(o, one_host, data, process).ranks.at(0);
+  EXPECT_EQ(host.baseline - hosts.baseline, 3 * (int64_t{2} << 20) + 4096);
+  EXPECT_EQ(host.steady - hosts.steady, host.baseline - hosts.baseline);
+}
+
+// The check at launch dry-runs a whole replica: a pipeline stage, which trains part of mlp-wide,
+// plans at least a whole replica's weights and gradients at that moment; the lower bound of Note
+// [Refusing fast] runs no step and has no such moment.
+TEST(MemoryPlan, TheCheckAtLaunchHoldsAWholeReplica) {
+  const train::TrainOptions o = synthetic_run("mlp-wide", parallel::StrategyKind::kPipeline, 16);
+  const train::ReferenceData data = train::make_image_data(o);
+  train::ProcessMemory process;
+  const auto two_ranks = train::MemoryPlanOptions().world_size(2).evaluation(false);
+  const train::MemoryPlan plan = train::plan_with_data(o, two_ranks, data, process);
+  int64_t replica = 0;
+  for (const auto& p : models::make_model("mlp-wide")->parameters()) replica += p.numel() * 4;
+  for (const train::RankMemory& m : plan.ranks) {
+    EXPECT_GE(m.launch_check, m.baseline + m.data + 2 * replica) << "rank " << m.rank;
+    EXPECT_GE(m.peak(), m.launch_check) << "rank " << m.rank;
+  }
+  for (const train::RankMemory& m : train::plan_model_states(o, two_ranks, data, process).ranks)
+    EXPECT_EQ(m.launch_check, 0) << "rank " << m.rank;
+}
+
 // ddp at bf16 O2 all-gathers its bf16 buckets (Gloo has no bf16 all-reduce): every bucket of
 // mlp-wide (Linear layers only: all bf16) is held as N received copies plus Gloo's flat output at
 // the end of backward, 2 x N x its bf16 parameters; fp32 buckets are all-reduced in place. A bucket

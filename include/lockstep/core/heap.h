@@ -39,7 +39,7 @@ struct HeapOptions {
   // Install CachingCpuAllocator as LibTorch's CPU allocator (off, or LOCKSTEP_CPU_ALLOCATOR=glibc:
   // every tensor from glibc as before).
   TORCH_ARG(bool, caching_allocator) = true;
-  TORCH_ARG(int64_t, large_block_bytes) = int64_t{1} << 20;  // the smallest block it caches
+  TORCH_ARG(int64_t, large_block_bytes) = int64_t{128} << 10;  // the smallest block it caches
 };
 
 // Sets glibc malloc's thresholds (see the Note) once for this process and installs the caching
@@ -57,11 +57,18 @@ std::string configure_heap(const HeapOptions& options = {});
 // 535 MiB in three runs, 129 MiB in use). Memory that depends on the order of frees cannot be
 // planned. CachingCpuAllocator does for CPU tensors what PyTorch's CUDA caching allocator does for
 // GPU memory:
-// - A block of large_block_bytes (1 MiB) or more is its own mmap, its size rounded up to a size
-//   class: 8 classes per power of two (1, 1.125, ..., 1.875 MiB, 2, 2.25, ... MiB), so a class
+// - A block of large_block_bytes (128 KiB) or more is its own mmap, its size rounded up to a size
+//   class: 8 classes per power of two (128, 144, ..., 240 KiB, 256, 288, ... KiB), so a class
 //   wastes less than 1/8 of the request, and varying shapes (gpt-mini's bucketed text batches) map
-//   to few classes. Only touched pages are resident, so what the kernel counts is the request
-//   rounded to pages unless a larger request of the class used the block before.
+//   to few classes. 128 KiB is glibc's own default mmap threshold, the size from which glibc
+//   would give a block pages of its own had configure_heap() not raised it: below it glibc's heap
+//   serves blocks well; from 1 MiB (the threshold until 2026-11-27) glibc's arenas kept the
+//   step's freed 128 KiB-1 MiB blocks as holes that count in the resident set: gpt-mini's
+//   activations (0.1-1 MiB) under ddp at bf16 O1, 25-42 MiB free beside 77 MiB in use at the
+//   peak; convnet's micro-batches of 25 rows (0.6 MiB activations) on the pipeline's first stage,
+//   21 MiB free beside 44 (docs/memory-plan.md). Only touched pages are resident, so what the
+//   kernel counts is the request rounded to pages unless a larger request of the class used the
+//   block before.
 // - A freed block goes to its class's free list; the next request of that class takes the most
 //   recently freed one: no syscall, no page fault, so a step's repeated shapes cost the kernel
 //   nothing after the first step, as under configure_heap().
@@ -103,7 +110,7 @@ class CachingCpuAllocator final : public c10::Allocator {
     int64_t trims = 0;  // larger cached blocks taken, their pages past the request given back
   };
 
-  explicit CachingCpuAllocator(int64_t large_block_bytes = int64_t{1} << 20);
+  explicit CachingCpuAllocator(int64_t large_block_bytes = int64_t{128} << 10);
   ~CachingCpuAllocator() override;
   CachingCpuAllocator(const CachingCpuAllocator&) = delete;
   CachingCpuAllocator& operator=(const CachingCpuAllocator&) = delete;

@@ -21,7 +21,11 @@ namespace lockstep::train {
 //   baseline     the process before training: LibTorch's and oneDNN's code and tables, the
 //                allocator's arenas, the autograd engine's and OpenMP's threads. Measured in
 //                the planning process itself (its resident set after a warm-up forward and
-//                backward), which runs the same binary and libraries as the rank will.
+//                backward), which runs the same binary and libraries as the rank will. Ranks of
+//                one host that copy their collectives through shared memory (ddp, zero, fsdp;
+//                not the pipeline's sends) add the group's segment, which the planning process
+//                does not make: a slot per rank and a result slot of 2 MiB, each filled up to
+//                the model's bytes (6 MiB of RssShmem per rank on two ranks of gpt-mini).
 //   data         what the data source holds in memory (the whole Fashion-MNIST or synthetic
 //                split, the tokenised corpus): the resident growth while the planning process
 //                builds the data exactly as `lockstep train` does.
@@ -48,13 +52,30 @@ namespace lockstep::train {
 // A step of several micro-batches (accumulation, a pipeline's micro-batches) also holds, in its
 // activations, the largest parameter's gradient of a later micro-batch before backward adds it
 // into the earlier ones': mlp-wide's fc2 (16 MiB) on the pipeline's second stage.
+// Reducing into shards (zero2, fsdp; Note [Reducing gradients into shards]) holds, beside the
+// bucket's staging that stands for the dry run's gradients, each parameter's gradient while it
+// is copied into the staging (then freed), and, when the bucket closes, its reduce-scatter's
+// output (the bucket's shard): the larger of the two is in the activations. mlp-wide's fc2
+// gradient (16 MiB) on two ranks of zero2: the caching allocator's live high water was 120.6 MiB
+// of classes against 86.5 MiB of planned tensors without it.
 // The peak is the largest of three moments: the first step, when the optimizer's state is created
 // after backward (DeepSpeed users meet this as a spike at the first step); a steady step, when the
 // state exists and activations and gradients peak together at the end of backward; and the
 // evaluation after an epoch, a forward without grad on eval_batch_size rows (200 for images, twice
 // a small training batch) while the gradients and the state are still held.
+// A fourth moment comes before all three: the check `lockstep train` makes at launch (unless
+// --ignore-memory-plan) dry-runs a whole replica under the local strategy (Note [Activations by a
+// dry run]): its parameters, gradients and optimizer state, with the dry run's first step or its
+// evaluation forward on top. A sharded rank holds less than that in training, so there the check
+// is the peak: mlp-wide's pipeline stage 0, 267 MiB measured against 238.5 planned for training.
+// Text batches change their padded length from step to step, so a step's activations come in
+// other size classes than the last steps' and find few of their blocks cached: the cache keeps
+// those up to its bound, an eighth over the live high water (Note [Caching large CPU blocks]),
+// and a steady step of a text run holds them beside its own (`cached`, bound_bytes() of the
+// step's tensors less the tensors). Images repeat one shape and reuse their blocks: no such term.
+// gpt-mini on one rank: planned 342.4 MiB without it, 366.1 measured.
 // Resident memory is not live memory. Under the caching allocator (Note [Caching large CPU
-// blocks], the default), the blocks of 1 MiB and more that the process maps never exceed the high
+// blocks], the default), the blocks of 128 KiB and more that the process maps never exceed the high
 // water of live ones, so a moment's resident tensors are its live tensors (the step's freed blocks
 // are unmapped for the evaluation's when they do not fit) and the moments take their maximum.
 // Under LOCKSTEP_CPU_ALLOCATOR=glibc the heap keeps the step's freed blocks (Note [Keeping freed
@@ -90,14 +111,16 @@ struct RankMemory {
   int64_t activations = 0;      // at the steady step's peak
   int64_t buffers = 0;          // communication buckets and staging
   int64_t collectives = 0;      // collectives' outputs in flight at the end of backward (ddp's bf16 all-gathers)
+  int64_t cached = 0;           // blocks of other size classes the allocator keeps at a steady step (text)
   int64_t baseline = 0;
   int64_t data = 0;
   int64_t first_step = 0;  // the peak of the first step
   int64_t steady = 0;      // the peak of a later step
   int64_t evaluation = 0;  // the peak of evaluating the held-out split after an epoch
+  int64_t launch_check = 0;  // the peak of the check at launch: its dry run of a whole replica
 
   int64_t peak() const;
-  // "first step", "steady state" or "evaluation": when peak() happens.
+  // "check at launch", "first step", "steady state" or "evaluation": when peak() happens.
   std::string peak_moment() const;
 };
 
