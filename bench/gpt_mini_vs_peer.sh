@@ -17,9 +17,10 @@
 # lockstep's train_s). Peak RSS per rank: getrusage's ru_maxrss on both sides.
 # Runs alternate (lockstep, peer, lockstep, ...) so machine noise hits both; every run's JSON is
 # printed, then bench/machine.sh's header and one table of medians and ratios.
-# CKPT=1 adds a third side, lockstep with --checkpoint-activations (each block's activations
-# recomputed in backward instead of kept: less memory, one more forward), in the same rotation.
-# Usage: [CKPT=1] bench/gpt_mini_vs_peer.sh [RUNS=5] [LIMIT=2000] [BATCH=100] [EPOCHS=1]
+# CKPT=1 adds a side, lockstep with --checkpoint-activations (each block's activations
+# recomputed in backward instead of kept: less memory, one more forward), in the same rotation;
+# BASE=path/to/another/lockstep adds that binary as a side (the before of a before/after).
+# Usage: [CKPT=1] [BASE=lockstep] bench/gpt_mini_vs_peer.sh [RUNS=5] [LIMIT=2000] [BATCH=100] [EPOCHS=1]
 #        LOCKSTEP=path/to/lockstep (default build/lockstep); needs python3-torch and fortunes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,8 +51,11 @@ plan=$(OMP_NUM_THREADS=1 "$py" bench/gpt_mini_peer.py "${peer_args[@]}" --plan -
 echo "plan: $plan"
 tokens=$(field target_tokens <<<"$plan"); plan_padding=$(field padding_fraction <<<"$plan")
 
-ours() {
-  OMP_NUM_THREADS=1 "$lockstep" run --nproc-per-node 2 -- "$lockstep" train --quiet --model gpt-mini --data fortunes \
+ours() { side "$lockstep" "$@"; }
+# One lockstep run of binary $1 on both ranks, with more train flags after it.
+side() {
+  local bin=$1; shift
+  OMP_NUM_THREADS=1 "$bin" run --nproc-per-node 2 -- "$bin" train --quiet --model gpt-mini --data fortunes \
     --task lm --tokenizer "$tmp/tokenizer.json" --init-weights "$tmp/init.pt" --limit "$limit" --epochs "$epochs" \
     --batch-size "$batch" --max-length 128 --optimizer adamw --lr 0.001 --seed 0 --threads 1 \
     --log-jsonl "$tmp/steps.jsonl" --log-every 1 "$@" | sed -n 's/^\[rank 0\] \({.*\)/\1/p'
@@ -69,7 +73,14 @@ max_diff() { paste <(tr ' ' '\n' <<<"$1") <(tr ' ' '\n' <<<"$2") | awk 'NF == 2 
 within() { awk -v d="$1" -v t="$2" 'BEGIN {exit !(d <= t)}'; }
 
 ours_tps=(); peer_tps=(); ours_rss0=(); ours_rss1=(); peer_rss0=(); peer_rss1=(); ours_s=(); peer_s=()
-ckpt_tps=(); ckpt_rss0=(); ckpt_rss1=(); ckpt_s=()
+ckpt_tps=(); ckpt_rss0=(); ckpt_rss1=(); ckpt_s=(); base_tps=(); base_rss0=(); base_rss1=(); base_s=()
+# Keeps a lockstep run's figures ($2, its JSON) in the arrays of side $1 (ours, ckpt, base).
+keep() {
+  local -n s=${1}_s tps=${1}_tps rss0=${1}_rss0 rss1=${1}_rss1
+  s+=("$(field train_s <<<"$2")")
+  tps+=("$(awk -v t="$tokens" -v s="$(field train_s <<<"$2")" 'BEGIN {printf "%.1f", t / s}')")
+  local a b; read -r a b <<<"$(rank_rss <<<"$2")"; rss0+=("$a"); rss1+=("$b")
+}
 for ((i = 1; i <= runs; i++)); do
   rm -f "$tmp/steps.jsonl"
   save=(); ((i == 1)) && save=(--save-model "$tmp/trained.pt")
@@ -99,14 +110,17 @@ for ((i = 1; i <= runs; i++)); do
     ckpt_losses=$(grep '"event":"step"' "$tmp/steps.jsonl" | head -5 | field loss | tr '\n' ' ')
     echo "check run $i: --checkpoint-activations' first step losses differ from the peer's by at most" \
          "$(max_diff "$ckpt_losses" "$peer_losses")"
-    ckpt_s+=("$(field train_s <<<"$c")")
-    ckpt_tps+=("$(awk -v t="$tokens" -v s="$(field train_s <<<"$c")" 'BEGIN {printf "%.1f", t / s}')")
-    read -r a b <<<"$(rank_rss <<<"$c")"; ckpt_rss0+=("$a"); ckpt_rss1+=("$b")
+    keep ckpt "$c"
   fi
-  ours_s+=("$(field train_s <<<"$o")"); peer_s+=("$(field train_s <<<"$p")")
-  ours_tps+=("$(awk -v t="$tokens" -v s="$(field train_s <<<"$o")" 'BEGIN {printf "%.1f", t / s}')")
-  peer_tps+=("$(field tokens_per_s <<<"$p")")
-  read -r a b <<<"$(rank_rss <<<"$o")"; ours_rss0+=("$a"); ours_rss1+=("$b")
+  if [[ -n ${BASE:-} ]]; then
+    rm -f "$tmp/steps.jsonl"
+    b=$(side "$BASE"); echo "base $BASE run $i: $b"
+    echo "check run $i: the base's first step losses differ from the peer's by at most" \
+         "$(max_diff "$(grep '"event":"step"' "$tmp/steps.jsonl" | head -5 | field loss | tr '\n' ' ')" "$peer_losses")"
+    keep base "$b"
+  fi
+  keep ours "$o"
+  peer_s+=("$(field train_s <<<"$p")"); peer_tps+=("$(field tokens_per_s <<<"$p")")
   read -r a b <<<"$(sed -n 's/.*"peak_rss_mib_ranks": \[\([^]]*\)\].*/\1/p' <<<"$p" | tr -d ',')"; peer_rss0+=("$a"); peer_rss1+=("$b")
 done
 
@@ -126,7 +140,14 @@ if [[ -n ${CKPT:-} ]]; then
   mc=$(med "${ckpt_tps[@]}"); c0=$(med "${ckpt_rss0[@]}"); c1=$(med "${ckpt_rss1[@]}")
   echo "| lockstep --checkpoint-activations | ${ckpt_tps[*]} | $mc | $(med "${ckpt_s[@]}") | $c0 / $c1 |"
 fi
+if [[ -n ${BASE:-} ]]; then
+  mb=$(med "${base_tps[@]}"); b0=$(med "${base_rss0[@]}"); b1=$(med "${base_rss1[@]}")
+  echo "| base ($BASE) | ${base_tps[*]} | $mb | $(med "${base_s[@]}") | $b0 / $b1 |"
+fi
 echo "lockstep / peer: tokens/s $(ratio "$mo" "$mp")x (target >= 1.25x), peak RSS (larger rank) $(ratio "$o_max" "$p_max")x (target <= 0.6x)"
+if [[ -n ${BASE:-} ]]; then
+  echo "base / peer: tokens/s $(ratio "$mb" "$mp")x, peak RSS (larger rank) $(ratio "$(larger "$b0" "$b1")" "$p_max")x"
+fi
 if [[ -n ${CKPT:-} ]]; then
   echo "lockstep --checkpoint-activations / peer: tokens/s $(ratio "$mc" "$mp")x, peak RSS (larger rank)" \
        "$(ratio "$(larger "$c0" "$c1")" "$p_max")x"

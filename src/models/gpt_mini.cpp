@@ -48,10 +48,16 @@ GptBlockImpl::GptBlockImpl(int64_t d_model, int64_t heads) : heads_(heads) {
 
 torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& key_mask) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / heads_;
+  // See Note [Only real tokens through the linear layers]. real: (N) row indices into (B*T).
+  const torch::Tensor real = key_mask.reshape({-1}).nonzero().squeeze(1);
+  const bool padded = real.size(0) < B * T;
+  const torch::Tensor x_real = padded ? x.reshape({B * T, C}).index_select(0, real) : x.reshape({B * T, C});  // (N, C)
+  torch::Tensor qkv = c_attn->forward(ln_1->forward(x_real));                                            // (N, 3C)
+  if (padded) qkv = torch::zeros({B * T, 3 * C}, qkv.options()).index_copy(0, real, qkv);
   // q, k, v: (B, heads, T, hd)
-  auto qkv = c_attn->forward(ln_1->forward(x)).split(C, -1);
+  auto split = qkv.view({B, T, 3 * C}).split(C, -1);
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, heads_, hd}).transpose(1, 2); };
-  const torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  const torch::Tensor q = heads(split[0]), k = heads(split[1]), v = heads(split[2]);
   // allowed (B, 1, T, T): key j <= query i, and j is a real token or j == i.
   const auto opts = torch::TensorOptions().dtype(torch::kBool);
   const torch::Tensor causal = torch::ones({T, T}, opts).tril();
@@ -59,9 +65,12 @@ torch::Tensor GptBlockImpl::forward(const torch::Tensor& x, const torch::Tensor&
   const torch::Tensor allowed = causal.logical_and(key_mask.to(torch::kBool).unsqueeze(1)).logical_or(self).unsqueeze(1);
   torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
   att = att.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity()).softmax(-1);
-  const torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, C});
-  const torch::Tensor h = x + attn_proj->forward(y);
-  return h + mlp_proj->forward(torch::gelu(c_fc->forward(ln_2->forward(h))));
+  torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B * T, C});
+  if (padded) y = y.index_select(0, real);
+  const torch::Tensor h = x_real + attn_proj->forward(y);
+  const torch::Tensor out = h + mlp_proj->forward(torch::gelu(c_fc->forward(ln_2->forward(h))));  // (N, C)
+  if (!padded) return out.view({B, T, C});
+  return x.reshape({B * T, C}).index_copy(0, real, out.to(x.scalar_type())).view({B, T, C});
 }
 
 GptMiniImpl::GptMiniImpl(GptMiniOptions options) : options_(std::move(options)) {
@@ -139,8 +148,16 @@ std::vector<Block> GptMiniImpl::blocks() {
     head.push_back(e);
   }
   if (sc) head.push_back(sc);
-  out.push_back({"head", head, [ln, e, out_layer, sc](const torch::Tensor& xm) {
+  const bool packed = options_.packed_logits();
+  out.push_back({"head", head, [ln, e, out_layer, sc, packed](const torch::Tensor& xm) {
                    const int64_t C = xm.size(-1) - 1;
+                   const torch::Tensor weight = out_layer ? out_layer->weight : e->weight;
+                   if (packed && !sc && ln->is_training()) {
+                     // (N, V) at the real tokens only: see Note [Only real tokens through the linear layers].
+                     const torch::Tensor real = xm.select(-1, C).reshape({-1}).nonzero().squeeze(1);
+                     const torch::Tensor x = xm.narrow(-1, 0, C).reshape({-1, C}).index_select(0, real);
+                     return torch::nn::functional::linear(ln->forward(x), weight);
+                   }
                    const torch::Tensor x = ln->forward(xm.narrow(-1, 0, C));  // (B, T, C)
                    if (sc) {
                      // The last real token of each row: (number of real tokens) - 1, at least 0.
@@ -148,7 +165,7 @@ std::vector<Block> GptMiniImpl::blocks() {
                      const torch::Tensor pooled = x.index({torch::arange(x.size(0)), last});  // (B, C)
                      return sc->forward(pooled);
                    }
-                   return torch::nn::functional::linear(x, out_layer ? out_layer->weight : e->weight);
+                   return torch::nn::functional::linear(x, weight);
                  }});
   return out;
 }

@@ -82,7 +82,7 @@ class TextCorpus {
   std::shared_ptr<models::Classifier> make_model(bool initial_weights) const {
     auto model = std::make_shared<models::GptMiniImpl>(
         models::GptMiniOptions(base_vocab_).context(o_.max_length()).layers(o_.n_layer()).heads(o_.n_head())
-            .d_model(o_.n_embd()).pad_id(pad_id_)
+            .d_model(o_.n_embd()).pad_id(pad_id_).packed_logits(true)
             .num_classes(o_.task() == TextTask::kClassify ? num_classes_ : 0));
     if (initial_weights && !o_.init_weights().empty()) {
       try {
@@ -123,7 +123,8 @@ class TextCorpus {
       const int64_t len = samples[b].data.size(0);
       input[b].narrow(0, 0, len).copy_(samples[b].data);
       if (lm()) {
-        target[b].narrow(0, 0, len).copy_(samples[b].target);
+        // A real <pad> in the text is padding to the model (Note [Padding through blocks]): no target.
+        target[b].narrow(0, 0, len).copy_(samples[b].target.masked_fill(samples[b].data.eq(pad_id_), kIgnoreIndex));
       } else {
         target[b] = samples[b].target;
       }
@@ -138,8 +139,15 @@ class TextCorpus {
 
   torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) const {
     namespace F = torch::nn::functional;
-    if (output.dim() == 2) return F::cross_entropy(output, target);  // classify: (B, classes), (B)
-    // lm: (B, T, V), (B, T) -> the mean over the real target tokens
+    if (!lm()) return F::cross_entropy(output, target);  // classify: (B, classes), (B)
+    if (output.dim() == 2) {
+      // Training: (N, V) at the N real tokens in row-major order (GptMiniOptions::packed_logits).
+      const torch::Tensor real = target.masked_select(target.ne(kIgnoreIndex));
+      TORCH_CHECK(output.size(0) == real.size(0), "gpt-mini returned logits for ", output.size(0),
+                  " tokens but the batch has ", real.size(0), " target tokens");
+      return F::cross_entropy(output, real);
+    }
+    // Evaluation: (B, T, V), (B, T) -> the mean over the real target tokens
     return F::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}),
                             F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
   }

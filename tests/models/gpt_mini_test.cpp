@@ -109,9 +109,47 @@ TEST_P(PythonGptMini, LoadsOurStateDictAndGivesOurLogits) {
   torch::NoGradGuard no_grad;
   const torch::Tensor ours = model->forward(padded_ids());
   EXPECT_EQ(j["shape"].get<std::vector<int64_t>>(), ours.sizes().vec());
-  const torch::Tensor theirs = torch::tensor(j["logits"].get<std::vector<float>>());
-  ASSERT_EQ(theirs.numel(), ours.numel());
-  EXPECT_LE((ours.flatten() - theirs).abs().max().item<double>(), 1e-5);
+  const torch::Tensor theirs = torch::tensor(j["logits"].get<std::vector<float>>()).view(ours.sizes());
+  // A language model's outputs at padding positions are not Python's (Note [Only real tokens
+  // through the linear layers]); every real position's are.
+  const torch::Tensor real = GetParam() == 2 ? torch::ones({2}, torch::kBool) : padded_ids().ne(0);
+  EXPECT_LE((ours.index({real}) - theirs.index({real})).abs().max().item<double>(), 1e-5);
+}
+
+// The padded batch, with the output layer at its real tokens only (packed_logits, training mode):
+// the same logits as each row run alone without padding (the dense path), and the same loss and
+// gradients as the mean over every row's tokens.
+TEST(GptMini, PackedLogitsLossAndGradientsEqualThoseOfEachRowAlone) {
+  torch::manual_seed(3);
+  GptMini packed(small().pad_id(0).packed_logits(true)), rows(small().pad_id(0));
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < packed->parameters().size(); ++i) rows->parameters()[i].copy_(packed->parameters()[i]);
+  }
+  const torch::Tensor ids = torch::tensor({{5, 9, 13, 2, 7, 11}, {8, 3, 4, 0, 0, 0}, {6, 1, 0, 0, 0, 0}}, torch::kLong);
+  const torch::Tensor target = torch::randint(1, 50, {3, 6}, torch::kLong);
+  const torch::Tensor real = ids.ne(0);
+  const torch::Tensor logits = packed->forward(ids);  // training mode: (11 real tokens, 50)
+  ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{11, 50}));
+  torch::nn::functional::cross_entropy(logits, target.masked_select(real)).backward();
+
+  std::vector<torch::Tensor> row_logits;
+  torch::Tensor sum = torch::zeros({});
+  for (int64_t b = 0; b < ids.size(0); ++b) {
+    const torch::Tensor keep = real[b].nonzero().squeeze(1);
+    const torch::Tensor out = rows->forward(ids[b].index_select(0, keep).unsqueeze(0))[0];  // (len, 50)
+    row_logits.push_back(out);
+    sum = sum + torch::nn::functional::cross_entropy(out, target[b].index_select(0, keep),
+                                                     torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  }
+  (sum / real.sum()).backward();
+  EXPECT_LE((logits - torch::cat(row_logits)).abs().max().item<double>(), 1e-5);
+  for (size_t i = 0; i < packed->parameters().size(); ++i)
+    EXPECT_LE((packed->parameters()[i].grad() - rows->parameters()[i].grad()).abs().max().item<double>(), 1e-6) << i;
+  // Evaluation mode: (B, T, V) again, equal at the real positions.
+  packed->eval();
+  torch::NoGradGuard no_grad;
+  EXPECT_LE((packed->forward(ids).index({real}) - logits).abs().max().item<double>(), 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Heads, PythonGptMini, ::testing::Values(0, 1, 2));

@@ -203,6 +203,20 @@ TEST(TextTrain, BadInputIsNamedWithTheFix) {
               HasSubstr("do not go together"));
 }
 
+// "<pad>" written in the text is the padding token to the model (it attends to none of it), so
+// it has no target either: the logits of the real tokens (GptMiniOptions::packed_logits) and the
+// targets stay one for one.
+TEST(TextTrain, APaddingTokenInTheTextIsNotATarget) {
+  testing::TempDir dir;
+  testing::write_grammar_corpus(dir / "corpus.txt", 100);
+  {
+    std::ofstream(dir / "corpus.txt", std::ios::app) << "the <pad> fox sees <pad> the dog.\n<pad>\n";
+  }
+  const TrainResult r = train(text_run(dir / "corpus.txt"));
+  EXPECT_TRUE(std::isfinite(r.final_loss));
+  EXPECT_TRUE(std::isfinite(r.test_loss));
+}
+
 TEST(TextTrain, UnigramPerplexityAndPaddingFractionFollowTheirDefinitions) {
   // Train counts 3 x id 0, 1 x id 1 over a vocabulary of 4: p = (4, 2, 1, 1) / 8.
   EXPECT_NEAR(unigram_perplexity({0, 0, 0, 1}, {0, 1}, 4), std::exp(-(std::log(0.5) + std::log(0.25)) / 2), 1e-12);

@@ -19,6 +19,18 @@
 // stages send it along with the activations and activation checkpointing recomputes from it; no
 // block reads state outside its input. A query attends to the real keys at or before its
 // position, and always to itself, so a row is never all masked (left padding stays finite).
+//
+// Note [Only real tokens through the linear layers]
+// Text batches are padded to their longest row (half or more of a fixed batch of fortunes is
+// padding), yet every layer but attention works on each token alone. A block therefore gathers
+// the real tokens into an (N, C) matrix, runs LayerNorm, the projections and the MLP on them only,
+// and scatters back into (B, T, C) just for attention's scores (padding rows of q, k and v are
+// zero; no real query sees them). Padding positions carry the block's input through unchanged, so
+// the outputs at real positions are exactly those of the padded computation (the Python module
+// tests/python/gpt_mini.py), and the outputs at padding positions are not the Python module's:
+// they mean nothing either way. With packed_logits the output layer, the largest product (V x C
+// per token), runs on the real tokens too, and the loss's log-softmax holds (N, V), not (B, T, V).
+// Time and activation memory of everything but attention scale with the real tokens.
 
 #include <torch/arg.h>
 #include <torch/nn.h>
@@ -41,6 +53,10 @@ struct GptMiniOptions {
   TORCH_ARG(int64_t, pad_id) = -1;       // token id whose positions are padding; -1: none
   TORCH_ARG(int64_t, num_classes) = 0;   // 0: a language model (logits over the vocabulary)
   TORCH_ARG(bool, tie_embeddings) = true;
+  // In training mode, a language model returns the logits of its real tokens only, (N, V) in
+  // row-major (B, T) order: all a next-token loss reads (lockstep train's text runs set it; see
+  // Note [Only real tokens through the linear layers]). Evaluation mode always returns (B, T, V).
+  TORCH_ARG(bool, packed_logits) = false;
 
  public:
   // Throws c10::ValueError naming the value: sizes >= 1, d_model divisible by heads.
@@ -51,10 +67,10 @@ class GptMiniImpl : public Classifier {
  public:
   explicit GptMiniImpl(GptMiniOptions options);
 
-  // ids: int64 (B, T), T <= context -> language model: logits (B, T, vocab_size);
-  // classifier: logits (B, num_classes) from the last real token (Hugging Face's
-  // GPT2ForSequenceClassification). Throws c10::ValueError for T > context or an id outside the
-  // vocabulary.
+  // ids: int64 (B, T), T <= context -> language model: logits (B, T, vocab_size), or (real
+  // tokens, vocab_size) in training mode with packed_logits; classifier: logits (B, num_classes)
+  // from the last real token (Hugging Face's GPT2ForSequenceClassification). Throws
+  // c10::ValueError for T > context or an id outside the vocabulary.
   torch::Tensor forward(torch::Tensor ids) override;
 
   // "embed" (wte, wpe), "h.0" .. "h.<layers-1>", "head" (ln_f, the output layer: lm_head, or

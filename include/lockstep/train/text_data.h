@@ -17,7 +17,9 @@
 // checkpoint its fingerprint (Note [Tokenizer fingerprint]).
 // - lm: a sequence is <|endoftext|> entry <|endoftext|>; the model reads its first T tokens and
 //   predicts the next T (T <= --max-length, longer entries truncated); padding has target -100,
-//   which the loss ignores, and a micro-batch counts its target tokens. Evaluation: the mean
+//   which the loss ignores (so has a <pad> written in the text: the model treats it as padding),
+//   and a micro-batch counts its target tokens. In training the model computes its logits at the
+//   real tokens only (Note [Only real tokens through the linear layers]). Evaluation: the mean
 //   next-token loss over the held-out tokens and its exp, the perplexity.
 // - classify: the sequence is entry <|endoftext|> (truncated), the target its category; the model
 //   reads the last real token. Evaluation: accuracy.
