@@ -22,6 +22,21 @@ void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& in
 
 void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, const std::vector<int64_t>& counts,
                                   ReduceOp op) {
+  wait(start_reduce_scatter(output, input, counts, op, /*waits_next=*/true), "reduce_scatter");
+  if (op == ReduceOp::kMean && shm_ && ShmCollectives::accepts_reduce_scatter(output, input, op)) output.div_(size_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input,
+                                                                  const std::vector<int64_t>& counts) {
+  return start_reduce_scatter(output, input, counts, ReduceOp::kSum, /*waits_next=*/false);
+}
+
+// Over the backend the reduction follows the alltoall on this thread, so the work returned has
+// completed; through shared memory it is the worker's (or this thread's: Note [Collectives on the
+// calling thread]).
+c10::intrusive_ptr<c10d::Work> ProcessGroup::start_reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                                                                  const std::vector<int64_t>& counts, ReduceOp op,
+                                                                  bool waits_next) {
   TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(), "reduce_scatter on rank ", rank_, " of ", size_,
                     ": input is ", input.scalar_type(), " but output is ", output.scalar_type(),
                     "; give both one dtype");
@@ -42,11 +57,12 @@ void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& in
   torch::NoGradGuard no_grad;
   count_sent(static_cast<double>((total - n) * static_cast<int64_t>(input.element_size())));
   // See Note [Collectives through shared memory].
-  if (shm_ && ShmCollectives::accepts_reduce_scatter(output, input, op)) {
-    wait(shm_->reduce_scatter(output, input, counts, ShmCollectives::When::kNowIfIdle), "reduce_scatter");
-    if (op == ReduceOp::kMean) output.div_(size_);
-    return;
-  }
+  if (shm_ && ShmCollectives::accepts_reduce_scatter(output, input, op))
+    return shm_->reduce_scatter(output, input, counts,
+                                waits_next ? ShmCollectives::When::kNowIfIdle : ShmCollectives::When::kQueue);
+  auto done = c10::make_intrusive<QueuedWork>(static_cast<int>(rank_), c10d::OpType::REDUCE_SCATTER,
+                                              std::chrono::steady_clock::now());
+  done->complete(nullptr);
   torch::Tensor received;  // (N, n): row r is rank r's chunk for this rank
   if (size_ == 1) {
     received = input.reshape({1, n});
@@ -61,7 +77,7 @@ void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& in
     }
     wait(backend_->alltoall_base(recv, send, out_splits, in_splits), "reduce_scatter");
   }
-  if (n == 0) return;
+  if (n == 0) return done;
   const torch::Tensor rows = narrow_float ? received.to(torch::kFloat) : received;
   torch::Tensor reduced;
   switch (op) {
@@ -71,6 +87,7 @@ void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& in
     default: reduced = rows.sum(0);
   }
   output.view({-1}).copy_(reduced);
+  return done;
 }
 
 void ProcessGroup::all_gather_into(torch::Tensor& output, const torch::Tensor& input) {

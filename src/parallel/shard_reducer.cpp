@@ -88,13 +88,24 @@ void ShardReducer::launch_ready_buckets() {
     Bucket& b = buckets_[next_bucket_];
     if (!b.staging.defined()) b.staging = torch::zeros({b.end - b.begin}, torch::kFloat);
     const std::vector<int64_t> counts = flat_.shard_counts(b.begin, b.end);
-    torch::Tensor reduced = torch::empty({counts[rank]}, torch::kFloat);
-    group_.reduce_scatter(reduced, b.staging, counts);
-    if (counts[rank] > 0)
-      grad_shard_.narrow(0, std::max(b.begin, shard_begin) - shard_begin, counts[rank]).add_(reduced);
-    b.staging = torch::Tensor();
+    land_in_flight();
+    InFlight next;
+    next.reduced = torch::empty({counts[rank]}, torch::kFloat);
+    next.staging = std::move(b.staging);
+    next.shard_offset = std::max(b.begin, shard_begin) - shard_begin;
+    next.work = group_.reduce_scatter_async(next.reduced, next.staging, counts);
+    in_flight_ = std::move(next);
     if (++next_bucket_ == buckets_.size() && reduced_) reduced_();
   }
+}
+
+void ShardReducer::land_in_flight() {
+  if (!in_flight_) return;
+  group_.wait(in_flight_->work, "reduce_scatter of a gradient bucket");
+  torch::NoGradGuard no_grad;
+  if (in_flight_->reduced.numel() > 0)
+    grad_shard_.narrow(0, in_flight_->shard_offset, in_flight_->reduced.numel()).add_(in_flight_->reduced);
+  in_flight_.reset();
 }
 
 // Runs when backward ends: parameters that got no gradient count as zeros, so every bucket is
@@ -107,6 +118,7 @@ void ShardReducer::finalize() {
     --buckets_[bucket_of_[i]].pending;
   }
   launch_ready_buckets();
+  land_in_flight();
   std::fill(ready_.begin(), ready_.end(), false);
   for (Bucket& b : buckets_) b.pending = static_cast<int64_t>(b.params.size());
   next_bucket_ = 0;

@@ -137,11 +137,17 @@ struct Planner {
     m.optimizer_state = optimizer_bytes(make_optimizer, {{s}});
     // The collectives' own tensors (dist::ProcessGroup): reduce_scatter receives every rank's chunk
     // of its input and sums them into a shard-sized tensor; Gloo's all-gather of the parameters
-    // fills a flat N x S output before copying it out. Stage 2 also stages one bucket at a time.
+    // fills a flat N x S output before copying it out. Stage 2 also stages one bucket at a time,
+    // and through shared memory keeps the one before in flight while the next fills (Note
+    // [Reducing gradients into shards]).
     std::vector<int64_t> numels;
     for (const auto& p : parallel::trainable_parameters(model)) numels.push_back(p.tensor.numel());
     const int64_t bucket = stage1 ? s * world * 4 : largest_bucket_bytes(numels, s * world);
-    m.buffers = (stage1 ? 0 : bucket) + (shared_memory ? 0 : bucket + bucket / world + s * world * 4);
+    if (shared_memory) {
+      m.buffers = stage1 ? 0 : buckets_in_flight_bytes(numels, s * world, world);
+    } else {
+      m.buffers = (stage1 ? 0 : bucket) + bucket + bucket / world + s * world * 4;
+    }
     if (!stage1) *in_flight = reducing_in_flight(numels, bucket);
   }
 
@@ -160,7 +166,7 @@ struct Planner {
     const auto plans = parallel::plan_units(model, model.blocks(), fsdp_options.min_params(), r);
     std::vector<std::vector<int64_t>> shards;
     std::vector<int64_t> fulls;  // each unit's gathered bytes, forward order
-    int64_t largest = 0, gathered = 0, bucket = 0;
+    int64_t largest = 0, gathered = 0, bucket = 0, staged = 0;
     for (const auto& plan : plans) {
       if (plan.params.empty()) continue;
       int64_t n = 0;
@@ -172,6 +178,7 @@ struct Planner {
       const int64_t s = shard_numel(n, world);
       const int64_t unit_bucket = largest_bucket_bytes(numels, s * world);
       bucket = std::max(bucket, unit_bucket);
+      staged = std::max(staged, buckets_in_flight_bytes(numels, s * world, world));
       *in_flight = std::max(*in_flight, reducing_in_flight(numels, unit_bucket));
       shards.push_back({s});
       m.parameters += s * 4;
@@ -186,8 +193,9 @@ struct Planner {
     m.parameters += at_once + parallel::frozen_parameter_bytes(model);
     m.optimizer_state = optimizer_bytes(make_optimizer, shards);
     // A bucket's staging; over Gloo also what reduce_scatter receives for it and the flat output
-    // of the largest unit's all-gather (see zero()).
-    m.buffers = bucket + (shared_memory ? 0 : bucket + bucket / world + largest);
+    // of the largest unit's all-gather; through shared memory a unit's bucket in flight beside its
+    // next (see zero()).
+    m.buffers = shared_memory ? staged : bucket + bucket + bucket / world + largest;
     if (!fsdp_options.reshard_after_forward()) m.buffers += gathered - at_once;
   }
 

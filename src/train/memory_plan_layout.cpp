@@ -18,17 +18,36 @@ int64_t shared_segment_bytes(int64_t world, int64_t model_bytes) {
   return (world + 1) * per_slot + page;
 }
 
-int64_t largest_bucket_bytes(const std::vector<int64_t>& numels, int64_t padded) {
+namespace {
+
+// Each bucket's bytes in the order ShardReducer fills them; see largest_bucket_bytes.
+std::vector<int64_t> bucket_bytes(const std::vector<int64_t>& numels, int64_t padded) {
   std::vector<int64_t> offsets(numels.size());
   for (size_t i = 1; i < numels.size(); ++i) offsets[i] = offsets[i - 1] + numels[i - 1];
-  int64_t largest = 0, end = padded;
+  std::vector<int64_t> out;
+  int64_t end = padded;
   for (int64_t i = static_cast<int64_t>(numels.size()) - 1; i >= 0; --i) {
     if ((end - offsets[i]) * 4 >= kShardBucketCapBytes || i == 0) {
-      largest = std::max(largest, (end - offsets[i]) * 4);
+      out.push_back((end - offsets[i]) * 4);
       end = offsets[i];
     }
   }
-  return largest;
+  return out;
+}
+
+}  // namespace
+
+int64_t largest_bucket_bytes(const std::vector<int64_t>& numels, int64_t padded) {
+  const std::vector<int64_t> buckets = bucket_bytes(numels, padded);
+  return buckets.empty() ? 0 : *std::max_element(buckets.begin(), buckets.end());
+}
+
+int64_t buckets_in_flight_bytes(const std::vector<int64_t>& numels, int64_t padded, int64_t world) {
+  const std::vector<int64_t> buckets = bucket_bytes(numels, padded);
+  int64_t most = largest_bucket_bytes(numels, padded);
+  for (size_t k = 0; k + 1 < buckets.size(); ++k)
+    most = std::max(most, buckets[k] + buckets[k] / world + buckets[k + 1]);
+  return most;
 }
 
 int64_t ddp_all_gather_bytes(const std::vector<std::pair<int64_t, c10::ScalarType>>& trained, int64_t world) {

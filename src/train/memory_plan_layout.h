@@ -25,6 +25,10 @@ int64_t shard_numel(int64_t numel, int64_t world);
 // once it holds kShardBucketCapBytes or more. A bucket can exceed the cap by one parameter:
 // mlp-wide's fc1 and fc2 (12.25 and 16 MiB) make one 28.3 MiB bucket, not a 25 MiB one.
 int64_t largest_bucket_bytes(const std::vector<int64_t>& numels, int64_t padded);
+// The most those buckets hold at once through shared memory, where a bucket's reduce_scatter
+// runs while the next fills: a bucket's staging and its reduced part (1/world of it) beside the
+// staging of the bucket after it, or the largest bucket alone.
+int64_t buckets_in_flight_bytes(const std::vector<int64_t>& numels, int64_t padded, int64_t world);
 
 // Bytes ddp's bf16 gradient buckets hold in their all-gathers at the end of backward, on `world`
 // ranks, for trainable parameters `trained` ((elements, dtype), in the model's order). See Note

@@ -79,6 +79,15 @@ TEST(ShmReduceScatter, EachRankGetsItsPartOfTheSumAsGlooGivesIt) {
             } else {
               EXPECT_TRUE(torch::equal(a, wide.to(dtype))) << what;
             }
+            if (op == ReduceOp::kSum) {  // started, then waited for: the same parts on both paths
+              torch::Tensor c = torch::empty_like(a), d = torch::empty_like(a);
+              const auto on_shm = shm.reduce_scatter_async(c, input, counts);
+              const auto on_gloo = gloo.reduce_scatter_async(d, input, counts);
+              shm.wait(on_shm, "reduce_scatter");
+              gloo.wait(on_gloo, "reduce_scatter");
+              EXPECT_TRUE(torch::equal(c, a)) << what << " async";
+              EXPECT_TRUE(torch::equal(d, b)) << what << " async";
+            }
             if (world == 2) {
               EXPECT_TRUE(torch::equal(a, b)) << what;
             } else {
@@ -95,7 +104,8 @@ TEST(ShmReduceScatter, EachRankGetsItsPartOfTheSumAsGlooGivesIt) {
 // still pending waits its turn instead of running at once, on every rank in the same order. Rank 1
 // issues its queued work later than rank 0, so on one rank the synchronous calls find the worker
 // busy and on the other idle; every result is still each collective's own. Then a prefetch-style
-// all_gather_into_async left running while synchronous calls follow it.
+// all_gather_into_async and a ZeRO-2-style reduce_scatter_async left running while synchronous
+// calls follow them.
 TEST(ShmAllGather, QueuedAndCallingThreadCollectivesKeepTheirOrder) {
   lockstep::testing::run_ranks(2, [&](int64_t rank, ProcessGroup& pg) {
     ASSERT_TRUE(pg.uses_shared_memory());
@@ -109,10 +119,15 @@ TEST(ShmAllGather, QueuedAndCallingThreadCollectivesKeepTheirOrder) {
       pg.reduce_scatter(part, torch::arange(6, torch::kFloat).add(rank));
       torch::Tensor later = torch::empty({2 * 7});
       c10::intrusive_ptr<c10d::Work> prefetch = pg.all_gather_into_async(later, torch::full({7}, 1.0 + rank));
+      torch::Tensor uneven = torch::empty({rank == 0 ? 4 : 2});  // a ZeRO-2 bucket's parts, left running
+      c10::intrusive_ptr<c10d::Work> bucket =
+          pg.reduce_scatter_async(uneven, torch::arange(6, torch::kFloat).mul(rank + 1), {4, 2});
       torch::Tensor one = torch::full({1}, 1.0);
       pg.all_reduce(one);
       pg.wait(summing, "all_reduce");
       pg.wait(prefetch, "all_gather_into");
+      pg.wait(bucket, "reduce_scatter");
+      EXPECT_TRUE(torch::equal(uneven, torch::arange(6, torch::kFloat).mul(3).narrow(0, rank == 0 ? 0 : 4, rank == 0 ? 4 : 2)));
       const std::string what = c10::str("rank ", rank, " round ", round);
       EXPECT_TRUE(torch::equal(big, torch::full({3 * kSlotFloats}, 3.0))) << what;
       EXPECT_TRUE(torch::equal(gathered, torch::cat({torch::full({5}, 10.0 + round), torch::full({5}, 20.0 + round)})))

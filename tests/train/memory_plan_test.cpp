@@ -15,6 +15,7 @@
 #include "lockstep/parallel/shard_reducer.h"
 #include "lockstep/parallel/strategy_registry.h"
 #include "lockstep/train/memory_plan.h"
+#include "../../src/train/memory_plan_layout.h"
 #include "../../src/train/memory_probe.h"
 
 namespace lockstep {
@@ -153,7 +154,8 @@ TEST(MemoryPlan, RefusalNamesTheRankTheBreakdownTheLimitAndWhatFits) {
 // pass the 25 MiB cap: mlp-wide's fc1 and fc2 (12.25 and 16 MiB) make one 28.3 MiB bucket. The
 // plan's buffers are that bucket's staging, with the bucket a real reducer reports; on ranks of
 // several hosts (over Gloo) also what reduce_scatter receives for it and its shard-sized sum, and
-// Gloo's flat all-gather output. Ranks of one host share memory and need none of those.
+// Gloo's flat all-gather output. Ranks of one host share memory and need none of those (a bucket
+// in flight beside the next needs two buckets: mlp-wide has one).
 TEST(MemoryPlan, ZeroTwoPlansTheBucketsShardReducerCloses) {
   const train::TrainOptions o = synthetic_run("mlp-wide", parallel::StrategyKind::kZero2, 16);
   const train::MemoryPlan plan =
@@ -172,6 +174,16 @@ TEST(MemoryPlan, ZeroTwoPlansTheBucketsShardReducerCloses) {
     EXPECT_EQ(plan.ranks[r].buffers, 2 * bucket[r] + bucket[r] / 2 + flat_bytes[r]) << "rank " << r;
     EXPECT_EQ(one_host.ranks[r].buffers, bucket[r]) << "rank " << r;
   }
+}
+
+// Through shared memory a bucket's reduce_scatter runs while the next bucket fills: two 28 MB
+// buckets on two ranks hold the first's staging, its 14 MB part and the second's staging at once;
+// a single bucket holds only itself (its part lands at the end of backward, counted beside it).
+TEST(MemoryPlan, ABucketInFlightIsPlannedBesideTheNextOne) {
+  const int64_t seven_m = 7'000'000;  // elements: 28 MB, over the 25 MiB cap alone
+  EXPECT_EQ(train::buckets_in_flight_bytes({seven_m, seven_m}, 2 * seven_m, 2), 28'000'000 + 14'000'000 + 28'000'000);
+  EXPECT_EQ(train::largest_bucket_bytes({seven_m, seven_m}, 2 * seven_m), 28'000'000);
+  EXPECT_EQ(train::buckets_in_flight_bytes({1000, 24}, 1024, 2), 4096);
 }
 
 // zero2 holds, beside its bucket's staging, each parameter's gradient while backward copies it in,

@@ -133,6 +133,13 @@ class ProcessGroup {
   // gradient whose shards split it unevenly this way (see Note [Flat parameters and shards]).
   void reduce_scatter(torch::Tensor& output, const torch::Tensor& input, const std::vector<int64_t>& counts,
                       ReduceOp op = ReduceOp::kSum);
+  // Starts the sum reduce_scatter with counts and returns; wait() on the result before reading
+  // `output`, and keep both tensors alive and `input` unchanged until then. Between the ranks of
+  // one host the group's worker runs it while the caller goes on (ZeRO-2 and FSDP overlap it with
+  // backward, as DDP does its all-reduces: Note [Reducing gradients into shards]); over the
+  // backend it has completed when it returns.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input,
+                                                      const std::vector<int64_t>& counts);
   // input: n elements; output: N x n elements, contiguous, same dtype; elements [r*n, (r+1)*n) of
   // output receive rank r's input: PyTorch's all_gather_into_tensor.
   void all_gather_into(torch::Tensor& output, const torch::Tensor& input);
@@ -193,6 +200,8 @@ class ProcessGroup {
   c10::intrusive_ptr<c10d::Work> start_broadcast(torch::Tensor& tensor, int64_t root, bool waits_next);
   c10::intrusive_ptr<c10d::Work> start_all_gather_into(torch::Tensor& output, const torch::Tensor& input,
                                                        bool waits_next);
+  c10::intrusive_ptr<c10d::Work> start_reduce_scatter(torch::Tensor& output, const torch::Tensor& input,
+                                                      const std::vector<int64_t>& counts, ReduceOp op, bool waits_next);
   friend std::unique_ptr<ProcessGroup> init_process_group(const InitOptions& options);
   double ring_share() const { return static_cast<double>(size_ - 1) / static_cast<double>(size_); }
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <c10/util/Optional.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -30,6 +31,11 @@ namespace lockstep::parallel {
 // accumulation adds micro-batch after micro-batch into the shard (DeepSpeed's stage 2 does the
 // same; the full gradient is never held). Parameters that got no gradient are reduced as zeros by
 // a callback at the end of backward. Costs per backward: (N-1)/N x Psi elements sent per rank.
+// A bucket's reduce_scatter is started, not waited for (dist's reduce_scatter_async: between the
+// ranks of one host the group's worker runs it), so backward goes on computing while it travels,
+// as DDP's all-reduces do; the bucket is landed (waited for, added into the shard, its staging
+// freed) when the next bucket starts, and the last at the end of backward. So at most one bucket
+// is in flight beside the one filling: two buckets' staging at a time, not the whole gradient.
 class ShardReducer {
  public:
   // grad_shard: (S) fp32, the shard's gradient that every backward adds into. `reduced`, when set,
@@ -52,8 +58,17 @@ class ShardReducer {
     int64_t pending = 0;
   };
 
+  // A bucket whose reduce_scatter runs while backward goes on (Note [Reducing gradients into shards]).
+  struct InFlight {
+    c10::intrusive_ptr<c10d::Work> work;
+    torch::Tensor staging, reduced;  // the bucket's input, kept until the work is done; this rank's part
+    int64_t shard_offset = 0;        // where `reduced` adds into grad_shard
+  };
+
   void on_gradient(int64_t index);
   void launch_ready_buckets();
+  // Waits for the bucket in flight, if any, and adds its part into the shard's gradient.
+  void land_in_flight();
   void finalize();
 
   const FlatParameters& flat_;
@@ -70,6 +85,7 @@ class ShardReducer {
   bool armed_ = false;  // the end-of-backward callback is queued
   std::vector<bool> ready_;
   size_t next_bucket_ = 0;
+  c10::optional<InFlight> in_flight_;
 };
 
 }  // namespace lockstep::parallel
