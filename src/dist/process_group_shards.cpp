@@ -11,6 +11,16 @@
 #include "wire_words.h"
 
 namespace lockstep::dist {
+namespace {
+
+// A work that has finished: what a collective done on the calling thread returns.
+c10::intrusive_ptr<c10d::Work> completed_work(int64_t rank, c10d::OpType type) {
+  auto done = c10::make_intrusive<QueuedWork>(static_cast<int>(rank), type, std::chrono::steady_clock::now());
+  done->complete(nullptr);
+  return done;
+}
+
+}  // namespace
 
 void ProcessGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
   const int64_t n = output.numel();
@@ -60,9 +70,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::start_reduce_scatter(torch::Tensor&
   if (shm_ && ShmCollectives::accepts_reduce_scatter(output, input, op))
     return shm_->reduce_scatter(output, input, counts,
                                 waits_next ? ShmCollectives::When::kNowIfIdle : ShmCollectives::When::kQueue);
-  auto done = c10::make_intrusive<QueuedWork>(static_cast<int>(rank_), c10d::OpType::REDUCE_SCATTER,
-                                              std::chrono::steady_clock::now());
-  done->complete(nullptr);
   torch::Tensor received;  // (N, n): row r is rank r's chunk for this rank
   if (size_ == 1) {
     received = input.reshape({1, n});
@@ -77,7 +84,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::start_reduce_scatter(torch::Tensor&
     }
     wait(backend_->alltoall_base(recv, send, out_splits, in_splits), "reduce_scatter");
   }
-  if (n == 0) return done;
+  if (n == 0) return completed_work(rank_, c10d::OpType::REDUCE_SCATTER);
   const torch::Tensor rows = narrow_float ? received.to(torch::kFloat) : received;
   torch::Tensor reduced;
   switch (op) {
@@ -87,7 +94,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::start_reduce_scatter(torch::Tensor&
     default: reduced = rows.sum(0);
   }
   output.view({-1}).copy_(reduced);
-  return done;
+  return completed_work(rank_, c10d::OpType::REDUCE_SCATTER);
 }
 
 void ProcessGroup::all_gather_into(torch::Tensor& output, const torch::Tensor& input) {
@@ -111,10 +118,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::start_all_gather_into(torch::Tensor
   torch::Tensor flat = output.view({-1});
   if (size_ == 1) {
     flat.copy_(input.reshape({-1}));
-    auto done = c10::make_intrusive<QueuedWork>(static_cast<int>(rank_), c10d::OpType::ALLGATHER,
-                                                    std::chrono::steady_clock::now());
-    done->complete(nullptr);
-    return done;
+    return completed_work(rank_, c10d::OpType::ALLGATHER);
   }
   count_sent(ring_share() * static_cast<double>(output.nbytes()));
   // See Note [Collectives through shared memory] and Note [Collectives on the calling thread].

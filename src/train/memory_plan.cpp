@@ -1,7 +1,6 @@
 #include "lockstep/train/memory_plan.h"
 
 #include <c10/util/StringUtil.h>
-#include <malloc.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -238,12 +237,6 @@ int64_t layout_bytes(const torch::nn::Module& model) {
   for (const torch::Tensor& t : model.parameters()) bytes += parallel::tensor_bytes(t);
   for (const torch::Tensor& t : model.buffers()) bytes += parallel::tensor_bytes(t);
   return bytes;
-}
-
-// Gives glibc's free pages and the caching allocator's cached blocks back (after a dry run).
-void release_heap() {
-  malloc_trim(0);
-  if (CachingCpuAllocator* caching = CachingCpuAllocator::installed()) caching->release_cached();
 }
 
 // The dry run draws from the CPU generator (models' initialisation, dropout): the run it plans must

@@ -92,6 +92,9 @@ class SingleThreadGuard {
 // bytes after it.
 int64_t warm_up();
 
+// Gives glibc's free pages and the caching allocator's cached blocks back to the kernel.
+void release_heap();
+
 // The plan for `o` with its data built already; measures process.baseline after its dry run when
 // it is 0.
 MemoryPlan plan_with_data(const TrainOptions& o, const MemoryPlanOptions& p, const ReferenceData& data,
