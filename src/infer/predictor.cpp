@@ -14,7 +14,20 @@ Predictor::Predictor(torch::nn::AnyModule model, PredictorOptions options)
     TORCH_CHECK_VALUE(*options_.autocast() == torch::kBFloat16 || *options_.autocast() == torch::kHalf,
                       "Predictor autocast dtype must be kBFloat16 or kHalf, got ", *options_.autocast());
   module_->eval();
+  if (options_.channels_last()) {
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& p : module_->parameters())
+      if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+  }
 }
+
+// Note [Channels-last weights for inference]
+// LibTorch hands a convolution to oneDNN. With NCHW operands oneDNN runs it in a blocked layout
+// (ONEDNN_VERBOSE=1 shows nChw16c) and reorders the input and the output on every call; when the
+// weights are channels-last, LibTorch runs it in NHWC and those reorders go, which at inference's
+// small batches is a large part of a convolution's time (docs/benchmarks.md, "Channels-last weights
+// for inference"). Only the memory layout changes, never a value, so a model saved, exported or
+// trained afterwards sees the same numbers. The input stays as the caller gives it.
 
 torch::Tensor Predictor::forward(const torch::Tensor& input) {
   torch::NoGradGuard no_grad;

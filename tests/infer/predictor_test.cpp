@@ -37,6 +37,27 @@ TEST(Predictor, ForwardIsTheEvalModeForwardWithoutAutograd) {
   EXPECT_FALSE(torch::allclose(logits, model->forward(x), 1e-3, 1e-3)) << "batch statistics would differ";
 }
 
+// See Note [Channels-last weights for inference]: the convolution weights change layout, not value,
+// and the logits stay those of the NCHW model (oneDNN's NHWC kernels sum in another order: 1e-5).
+// layer2 (16 input channels): a (16, 1, 5, 5) weight is channels-last and contiguous at once.
+TEST(Predictor, ChannelsLastWeightsKeepTheirValuesAndTheLogits) {
+  auto model = trained_convnet();
+  const torch::Tensor x = torch::randn({7, 1, 28, 28});
+  const torch::Tensor conv_weight = model->layer2[0]->as<torch::nn::Conv2d>()->weight;
+  const torch::Tensor before = conv_weight.clone();
+  const torch::Tensor nchw = Predictor(torch::nn::AnyModule(model), PredictorOptions().channels_last(false)).forward(x);
+  EXPECT_TRUE(conv_weight.is_contiguous()) << "channels_last(false) must leave the layout alone";
+
+  const torch::Tensor channels_last = Predictor(torch::nn::AnyModule(model)).forward(x);
+  const torch::Tensor weight = model->layer2[0]->as<torch::nn::Conv2d>()->weight;
+  EXPECT_TRUE(weight.is_contiguous(torch::MemoryFormat::ChannelsLast));
+  EXPECT_FALSE(weight.is_contiguous());
+  EXPECT_TRUE(torch::equal(weight, before));
+  EXPECT_LE((channels_last - nchw).abs().max().item<double>(), 1e-5);
+  for (const torch::Tensor& p : model->parameters())
+    if (p.dim() != 4) EXPECT_TRUE(p.is_contiguous()) << "only 4-D weights change layout";
+}
+
 // bf16 autocast: fp32 logits close to fp32's (bf16 keeps 8 bits of mantissa: 2e-2 relative).
 TEST(Predictor, Bf16AutocastStaysCloseToFp32AndReturnsFp32) {
   auto model = trained_convnet();

@@ -17,10 +17,14 @@ struct PredictorOptions {
   // returned in fp32 either way.
   TORCH_ARG(c10::optional<torch::ScalarType>, autocast) = c10::nullopt;
   TORCH_ARG(int64_t, batch_size) = 200;  // evaluate(): samples per forward
+  // Keep the model's 4-D parameters (convolution weights) in channels-last memory, as Python's
+  // `model.to(memory_format=torch.channels_last)`: see Note [Channels-last weights for inference].
+  TORCH_ARG(bool, channels_last) = true;
 };
 
 // A trained model for inference: eval mode (BatchNorm uses its running statistics, dropout is off),
-// no autograd, the chosen precision. The exporter and the server use it; so does evaluation.
+// no autograd, the chosen precision. The exporter and the server use it; so does evaluation. The
+// model is the caller's: eval mode and, by default, the weights' channels-last layout stay on it.
 //
 //   auto model = lockstep::models::make_model("convnet");
 //   lockstep::models::load_state_dict_file(*model, "model.pt");
