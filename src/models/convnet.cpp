@@ -26,7 +26,12 @@ struct ChannelsLastMaxPool : torch::autograd::Function<ChannelsLastMaxPool> {
 // No parameters: the state-dict keys stay those of the Python model.
 class ChannelsLastMaxPool2dImpl : public torch::nn::Module {
  public:
-  torch::Tensor forward(const torch::Tensor& x) { return ChannelsLastMaxPool::apply(x); }
+  // Without autograd (evaluation, inference) the output stays channels-last: the next convolution,
+  // BatchNorm and ReLU take it as it is, and only the flatten before fc copies it into NCHW order.
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (torch::GradMode::is_enabled() && x.requires_grad()) return ChannelsLastMaxPool::apply(x);
+    return torch::max_pool2d(x.contiguous(torch::MemoryFormat::ChannelsLast), {2, 2});
+  }
 };
 TORCH_MODULE(ChannelsLastMaxPool2d);
 
