@@ -38,6 +38,23 @@ TEST(Models, ConvNetHasPythonStateDictKeysInOrder) {
   EXPECT_EQ(parameter_count(*net), 29034);
 }
 
+// Without autograd the max-pools keep their output channels-last (convnet.cpp): the logits are
+// those of the autograd path, whose pools hand NCHW on, in eval and in train mode (1e-6: the layers
+// after a pool may sum in another order on a channels-last input).
+TEST(Models, ConvNetLogitsWithoutAutogradEqualThoseWithIt) {
+  torch::manual_seed(4);
+  ConvNet model;
+  const torch::Tensor x = torch::randn({6, 1, 28, 28}, torch::requires_grad());
+  for (const bool training : {false, true}) {
+    model->train(training);
+    const torch::Tensor with_autograd = model->forward(x);
+    ASSERT_TRUE(with_autograd.requires_grad());
+    torch::NoGradGuard no_grad;
+    const torch::Tensor without = model->forward(x);
+    EXPECT_LE((with_autograd - without).abs().max().item<double>(), 1e-6) << "training " << training;
+  }
+}
+
 TEST(Models, ZooBuildsEachModelWithPythonSizes) {
   struct Expect {
     std::string name;
