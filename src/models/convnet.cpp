@@ -1,5 +1,8 @@
 #include "lockstep/models/convnet.h"
 
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+
 namespace lockstep::models {
 namespace {
 
@@ -26,10 +29,12 @@ struct ChannelsLastMaxPool : torch::autograd::Function<ChannelsLastMaxPool> {
 // No parameters: the state-dict keys stay those of the Python model.
 class ChannelsLastMaxPool2dImpl : public torch::nn::Module {
  public:
-  // Without autograd (evaluation, inference) the output stays channels-last: the next convolution,
-  // BatchNorm and ReLU take it as it is, and only the flatten before fc copies it into NCHW order.
+  // In eval mode without autograd the output stays channels-last: the next convolution takes it as
+  // it is, and only the flatten before fc copies it into NCHW order. In train mode it is always the
+  // autograd path's NCHW output, so that activation checkpointing's forward without autograd and its
+  // recomputation with it feed the next BatchNorm the same layout and update its statistics alike.
   torch::Tensor forward(const torch::Tensor& x) {
-    if (torch::GradMode::is_enabled() && x.requires_grad()) return ChannelsLastMaxPool::apply(x);
+    if (is_training() || torch::GradMode::is_enabled()) return ChannelsLastMaxPool::apply(x);
     return torch::max_pool2d(x.contiguous(torch::MemoryFormat::ChannelsLast), {2, 2});
   }
 };
@@ -39,6 +44,62 @@ torch::nn::Sequential conv_block(int64_t in, int64_t out, const NormLayer& norm_
   namespace nn = torch::nn;
   return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 5).stride(1).padding(2)),
                         norm_layer(out), nn::ReLU(), ChannelsLastMaxPool2d());
+}
+
+// (a > b, or a is NaN) ? a : b: the maximum that, as LibTorch's max-pool and ReLU, keeps a NaN.
+inline float max_keeping_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+
+// Note [One pass for BatchNorm, ReLU and the max-pool in evaluation]
+// In eval mode without autograd a conv block's BatchNorm is an affine map per channel,
+// y = x * scale + shift with scale = weight / sqrt(running_var + eps) and shift = bias -
+// running_mean * scale (the terms LibTorch's own kernel computes), and ReLU and the 2x2 max-pool
+// need each element once. One pass over the convolution's channels-last output does all three and
+// writes only the pooled quarter, where LibTorch makes three passes and two full-size temporaries:
+// at inference's batch sizes those passes cost as much as the convolution after them
+// (docs/benchmarks.md, "One pass after the convolution in evaluation"). The order of max and ReLU
+// does not matter (ReLU is monotonic); the affine map may round differently from LibTorch's
+// vectorized one (fused multiply-add), within 1e-6 of the logits.
+// x (N, C, H, W) fp32 channels-last -> (N, C, H/2, W/2) fp32 channels-last.
+torch::Tensor norm_relu_pool_eval(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& norm) {
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), oh = h / 2, ow = w / 2;
+  const torch::Tensor scale =
+      (norm.weight.defined() ? norm.weight : torch::ones({c})) / (norm.running_var + norm.options.eps()).sqrt();
+  const torch::Tensor shift = (norm.bias.defined() ? norm.bias : torch::zeros({c})) - norm.running_mean * scale;
+  const torch::Tensor in = x.contiguous(torch::MemoryFormat::ChannelsLast);
+  torch::Tensor out = torch::empty({n, c, oh, ow}, x.options().memory_format(torch::MemoryFormat::ChannelsLast));
+  const float* src = in.data_ptr<float>();
+  const float* a = scale.data_ptr<float>();
+  const float* b = shift.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, n * oh, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {  // one output row: image row / oh, rows 2y and 2y+1
+      const float* top = src + ((row / oh) * h + 2 * (row % oh)) * w * c;
+      const float* bottom = top + w * c;
+      float* o = dst + row * ow * c;
+      for (int64_t x0 = 0; x0 < ow; ++x0, o += c) {
+        const float* p = top + 2 * x0 * c;
+        const float* q = bottom + 2 * x0 * c;
+        for (int64_t k = 0; k < c; ++k) {
+          const float m = max_keeping_nan(max_keeping_nan(p[k] * a[k] + b[k], p[c + k] * a[k] + b[k]),
+                                          max_keeping_nan(q[k] * a[k] + b[k], q[c + k] * a[k] + b[k]));
+          o[k] = max_keeping_nan(m, 0.0f);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+// A conv block's forward: see Note [One pass for BatchNorm, ReLU and the max-pool in evaluation]
+// for the evaluation path; everything else (training, autograd, autocast, another norm layer such
+// as SyncBatchNorm) runs the Sequential as it is.
+torch::Tensor run_conv_block(torch::nn::SequentialImpl& block, const torch::Tensor& x) {
+  const auto* norm = block[1]->as<torch::nn::BatchNorm2d>();
+  const bool evaluating = norm != nullptr && !norm->is_training() && norm->options.track_running_stats() &&
+                          !torch::GradMode::is_enabled() && !at::autocast::is_cpu_enabled() &&
+                          x.scalar_type() == torch::kFloat && x.device().is_cpu();
+  if (!evaluating) return block.forward(x);
+  return norm_relu_pool_eval(block[0]->as<torch::nn::Conv2d>()->forward(x), *norm);
 }
 
 }  // namespace
@@ -52,8 +113,8 @@ ConvNetImpl::ConvNetImpl(int64_t num_classes, const NormLayer& norm_layer) {
 std::vector<Block> ConvNetImpl::blocks() {
   auto l1 = layer1.ptr(), l2 = layer2.ptr();
   auto head = fc.ptr();
-  return {{"layer1", {l1}, [l1](const torch::Tensor& x) { return l1->forward(x); }},
-          {"layer2", {l2}, [l2](const torch::Tensor& x) { return l2->forward(x); }},
+  return {{"layer1", {l1}, [l1](const torch::Tensor& x) { return run_conv_block(*l1, x); }},
+          {"layer2", {l2}, [l2](const torch::Tensor& x) { return run_conv_block(*l2, x); }},
           {"fc", {head}, [head](const torch::Tensor& x) { return head->forward(x.flatten(1)); }}};
 }
 

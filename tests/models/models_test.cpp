@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <limits>
+
 #include "../test_util.h"
 #include "lockstep/models/convnet.h"
 #include "lockstep/models/state_dict.h"
@@ -38,9 +40,9 @@ TEST(Models, ConvNetHasPythonStateDictKeysInOrder) {
   EXPECT_EQ(parameter_count(*net), 29034);
 }
 
-// Without autograd the max-pools keep their output channels-last (convnet.cpp): the logits are
-// those of the autograd path, whose pools hand NCHW on, in eval and in train mode (1e-6: the layers
-// after a pool may sum in another order on a channels-last input).
+// Without autograd the max-pools keep their output channels-last, and in eval mode BatchNorm, ReLU
+// and the pool run as one pass (convnet.cpp): the logits are those of the autograd path, in eval and
+// in train mode (1e-6: the affine map and the layers after a pool may round or sum in another order).
 TEST(Models, ConvNetLogitsWithoutAutogradEqualThoseWithIt) {
   torch::manual_seed(4);
   ConvNet model;
@@ -53,6 +55,16 @@ TEST(Models, ConvNetLogitsWithoutAutogradEqualThoseWithIt) {
     const torch::Tensor without = model->forward(x);
     EXPECT_LE((with_autograd - without).abs().max().item<double>(), 1e-6) << "training " << training;
   }
+  // A NaN pixel reaches the logits of its own sample only, on both paths (ReLU and max keep NaNs).
+  model->eval();
+  torch::Tensor nan_input = x.detach().clone();
+  nan_input[2][0][13][13] = std::numeric_limits<float>::quiet_NaN();
+  const torch::Tensor with_autograd = model->forward(nan_input.requires_grad_());
+  torch::NoGradGuard no_grad;
+  const torch::Tensor without = model->forward(nan_input);
+  EXPECT_TRUE(torch::equal(with_autograd.isnan(), without.isnan()));
+  EXPECT_TRUE(without[2].isnan().all().item<bool>());
+  EXPECT_FALSE(without[1].isnan().any().item<bool>());
 }
 
 TEST(Models, ZooBuildsEachModelWithPythonSizes) {
