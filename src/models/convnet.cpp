@@ -55,8 +55,8 @@ inline float max_keeping_nan(float a, float b) { return (a > b || a != a) ? a : 
 // running_mean * scale (the terms LibTorch's own kernel computes), and ReLU and the 2x2 max-pool
 // need each element once. One pass over the convolution's channels-last output does all three and
 // writes only the pooled quarter, where LibTorch makes three passes and two full-size temporaries:
-// at inference's batch sizes those passes cost as much as the convolution after them
-// (docs/benchmarks.md, "One pass after the convolution in evaluation"). The order of max and ReLU
+// at inference's batch sizes those passes and their layout copies cost as much as the block's
+// convolutions (docs/benchmarks.md, "... one pass after the convolution in evaluation"). The order of max and ReLU
 // does not matter (ReLU is monotonic); the affine map may round differently from LibTorch's
 // vectorized one (fused multiply-add), within 1e-6 of the logits.
 // x (N, C, H, W) fp32 channels-last -> (N, C, H/2, W/2) fp32 channels-last.
