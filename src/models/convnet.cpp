@@ -3,6 +3,9 @@
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 
+#include <cmath>
+#include <vector>
+
 namespace lockstep::models {
 namespace {
 
@@ -56,20 +59,32 @@ inline float max_keeping_nan(float a, float b) { return (a > b || a != a) ? a : 
 // need each element once. One pass over the convolution's channels-last output does all three and
 // writes only the pooled quarter, where LibTorch makes three passes and two full-size temporaries:
 // at inference's batch sizes those passes and their layout copies cost as much as the block's
-// convolutions (docs/benchmarks.md, "... one pass after the convolution in evaluation"). The order of max and ReLU
-// does not matter (ReLU is monotonic); the affine map may round differently from LibTorch's
-// vectorized one (fused multiply-add), within 1e-6 of the logits.
+// convolutions (docs/benchmarks.md, "... one pass after the convolution in evaluation"). The order
+// of max and ReLU does not matter (ReLU is monotonic); the affine map may round differently from
+// LibTorch's vectorized one (fused multiply-add), within 1e-6 of the logits.
 // x (N, C, H, W) fp32 channels-last -> (N, C, H/2, W/2) fp32 channels-last.
 torch::Tensor norm_relu_pool_eval(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& norm) {
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), oh = h / 2, ow = w / 2;
-  const torch::Tensor scale =
-      (norm.weight.defined() ? norm.weight : torch::ones({c})) / (norm.running_var + norm.options.eps()).sqrt();
-  const torch::Tensor shift = (norm.bias.defined() ? norm.bias : torch::zeros({c})) - norm.running_mean * scale;
+  // Per channel, in a plain loop: a batch of one would otherwise spend more on dispatching six small
+  // tensor operations than on the pass itself. The same float operations as those tensors'.
+  std::vector<float> scale(c), shift(c);
+  const torch::Tensor mean = norm.running_mean.contiguous(), var = norm.running_var.contiguous();
+  const torch::Tensor weight = norm.weight.defined() ? norm.weight.contiguous() : torch::ones({c});
+  const torch::Tensor bias = norm.bias.defined() ? norm.bias.contiguous() : torch::zeros({c});
+  const float* m = mean.data_ptr<float>();
+  const float* v = var.data_ptr<float>();
+  const float* g = weight.data_ptr<float>();
+  const float* beta = bias.data_ptr<float>();
+  const auto eps = static_cast<float>(norm.options.eps());
+  for (int64_t k = 0; k < c; ++k) {
+    scale[k] = g[k] / std::sqrt(v[k] + eps);
+    shift[k] = beta[k] - m[k] * scale[k];
+  }
+  const float* a = scale.data();
+  const float* b = shift.data();
   const torch::Tensor in = x.contiguous(torch::MemoryFormat::ChannelsLast);
   torch::Tensor out = torch::empty({n, c, oh, ow}, x.options().memory_format(torch::MemoryFormat::ChannelsLast));
   const float* src = in.data_ptr<float>();
-  const float* a = scale.data_ptr<float>();
-  const float* b = shift.data_ptr<float>();
   float* dst = out.data_ptr<float>();
   at::parallel_for(0, n * oh, 1, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {  // one output row: image row / oh, rows 2y and 2y+1

@@ -44,7 +44,7 @@ int64_t largest_bucket_bytes(const std::vector<int64_t>& numels, int64_t padded)
 
 int64_t buckets_in_flight_bytes(const std::vector<int64_t>& numels, int64_t padded, int64_t world) {
   const std::vector<int64_t> buckets = bucket_bytes(numels, padded);
-  int64_t most = largest_bucket_bytes(numels, padded);
+  int64_t most = buckets.empty() ? 0 : *std::max_element(buckets.begin(), buckets.end());
   for (size_t k = 0; k + 1 < buckets.size(); ++k)
     most = std::max(most, buckets[k] + buckets[k] / world + buckets[k + 1]);
   return most;
