@@ -3,8 +3,9 @@
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 
-#include <cmath>
 #include <vector>
+
+#include "inference_conv.h"
 
 namespace lockstep::models {
 namespace {
@@ -52,36 +53,18 @@ torch::nn::Sequential conv_block(int64_t in, int64_t out, const NormLayer& norm_
 // (a > b, or a is NaN) ? a : b: the maximum that, as LibTorch's max-pool and ReLU, keeps a NaN.
 inline float max_keeping_nan(float a, float b) { return (a > b || a != a) ? a : b; }
 
-// Note [One pass for BatchNorm, ReLU and the max-pool in evaluation]
-// In eval mode without autograd a conv block's BatchNorm is an affine map per channel,
-// y = x * scale + shift with scale = weight / sqrt(running_var + eps) and shift = bias -
-// running_mean * scale (the terms LibTorch's own kernel computes), and ReLU and the 2x2 max-pool
-// need each element once. One pass over the convolution's channels-last output does all three and
-// writes only the pooled quarter, where LibTorch makes three passes and two full-size temporaries:
-// at inference's batch sizes those passes and their layout copies cost as much as the block's
-// convolutions (docs/benchmarks.md, "... one pass after the convolution in evaluation"). The order
-// of max and ReLU does not matter (ReLU is monotonic); the affine map may round differently from
-// LibTorch's vectorized one (fused multiply-add), within 1e-6 of the logits.
+// Note [One pass for ReLU and the max-pool in evaluation]
+// In eval mode without autograd a conv block's convolution and BatchNorm run as one oneDNN
+// convolution with the BatchNorm folded in (Note [Convolutions for inference through oneDNN],
+// inference_conv.cpp), and its ReLU and 2x2 max-pool, which need each element once, as one pass
+// over that convolution's channels-last output that writes only the pooled quarter, where LibTorch
+// makes three passes (BatchNorm, ReLU, max-pool) and two full-size temporaries: at inference's batch
+// sizes those passes and their layout copies cost as much as the block's convolutions
+// (docs/benchmarks.md, "... one pass after the convolution in evaluation"). The order of max and
+// ReLU does not matter (ReLU is monotonic); NaNs are kept, as by LibTorch's ReLU and max-pool.
 // x (N, C, H, W) fp32 channels-last -> (N, C, H/2, W/2) fp32 channels-last.
-torch::Tensor norm_relu_pool_eval(const torch::Tensor& x, const torch::nn::BatchNorm2dImpl& norm) {
+torch::Tensor relu_pool_eval(const torch::Tensor& x) {
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), oh = h / 2, ow = w / 2;
-  // Per channel, in a plain loop: a batch of one would otherwise spend more on dispatching six small
-  // tensor operations than on the pass itself. The same float operations as those tensors'.
-  std::vector<float> scale(c), shift(c);
-  const torch::Tensor mean = norm.running_mean.contiguous(), var = norm.running_var.contiguous();
-  const torch::Tensor weight = norm.weight.defined() ? norm.weight.contiguous() : torch::ones({c});
-  const torch::Tensor bias = norm.bias.defined() ? norm.bias.contiguous() : torch::zeros({c});
-  const float* m = mean.data_ptr<float>();
-  const float* v = var.data_ptr<float>();
-  const float* g = weight.data_ptr<float>();
-  const float* beta = bias.data_ptr<float>();
-  const auto eps = static_cast<float>(norm.options.eps());
-  for (int64_t k = 0; k < c; ++k) {
-    scale[k] = g[k] / std::sqrt(v[k] + eps);
-    shift[k] = beta[k] - m[k] * scale[k];
-  }
-  const float* a = scale.data();
-  const float* b = shift.data();
   const torch::Tensor in = x.contiguous(torch::MemoryFormat::ChannelsLast);
   torch::Tensor out = torch::empty({n, c, oh, ow}, x.options().memory_format(torch::MemoryFormat::ChannelsLast));
   const float* src = in.data_ptr<float>();
@@ -95,8 +78,7 @@ torch::Tensor norm_relu_pool_eval(const torch::Tensor& x, const torch::nn::Batch
         const float* p = top + 2 * x0 * c;
         const float* q = bottom + 2 * x0 * c;
         for (int64_t k = 0; k < c; ++k) {
-          const float m = max_keeping_nan(max_keeping_nan(p[k] * a[k] + b[k], p[c + k] * a[k] + b[k]),
-                                          max_keeping_nan(q[k] * a[k] + b[k], q[c + k] * a[k] + b[k]));
+          const float m = max_keeping_nan(max_keeping_nan(p[k], p[c + k]), max_keeping_nan(q[k], q[c + k]));
           o[k] = max_keeping_nan(m, 0.0f);
         }
       }
@@ -105,16 +87,16 @@ torch::Tensor norm_relu_pool_eval(const torch::Tensor& x, const torch::nn::Batch
   return out;
 }
 
-// A conv block's forward: see Note [One pass for BatchNorm, ReLU and the max-pool in evaluation]
-// for the evaluation path; everything else (training, autograd, autocast, another norm layer such
-// as SyncBatchNorm) runs the Sequential as it is.
-torch::Tensor run_conv_block(torch::nn::SequentialImpl& block, const torch::Tensor& x) {
+// A conv block's forward: see Note [One pass for ReLU and the max-pool in evaluation] for the
+// evaluation path; everything else (training, autograd, autocast, another norm layer such as
+// SyncBatchNorm, an input oneDNN's path does not take) runs the Sequential as it is.
+torch::Tensor run_conv_block(torch::nn::SequentialImpl& block, InferenceConv& inference, const torch::Tensor& x) {
+  const auto& conv = *block[0]->as<torch::nn::Conv2d>();
   const auto* norm = block[1]->as<torch::nn::BatchNorm2d>();
-  const bool evaluating = norm != nullptr && !norm->is_training() && norm->options.track_running_stats() &&
-                          !torch::GradMode::is_enabled() && !at::autocast::is_cpu_enabled() &&
-                          x.scalar_type() == torch::kFloat && x.device().is_cpu();
+  const bool evaluating = norm != nullptr && !norm->is_training() && !torch::GradMode::is_enabled() &&
+                          !at::autocast::is_cpu_enabled() && InferenceConv::supports(conv, *norm, x);
   if (!evaluating) return block.forward(x);
-  return norm_relu_pool_eval(block[0]->as<torch::nn::Conv2d>()->forward(x), *norm);
+  return relu_pool_eval(inference.forward(conv, *norm, x));
 }
 
 }  // namespace
@@ -123,13 +105,15 @@ ConvNetImpl::ConvNetImpl(int64_t num_classes, const NormLayer& norm_layer) {
   layer1 = register_module("layer1", conv_block(1, 16, norm_layer));
   layer2 = register_module("layer2", conv_block(16, 32, norm_layer));
   fc = register_module("fc", torch::nn::Linear(7 * 7 * 32, num_classes));
+  inference_ = {std::make_shared<InferenceConv>(), std::make_shared<InferenceConv>()};
 }
 
 std::vector<Block> ConvNetImpl::blocks() {
   auto l1 = layer1.ptr(), l2 = layer2.ptr();
   auto head = fc.ptr();
-  return {{"layer1", {l1}, [l1](const torch::Tensor& x) { return run_conv_block(*l1, x); }},
-          {"layer2", {l2}, [l2](const torch::Tensor& x) { return run_conv_block(*l2, x); }},
+  auto i1 = inference_[0], i2 = inference_[1];
+  return {{"layer1", {l1}, [l1, i1](const torch::Tensor& x) { return run_conv_block(*l1, *i1, x); }},
+          {"layer2", {l2}, [l2, i2](const torch::Tensor& x) { return run_conv_block(*l2, *i2, x); }},
           {"fc", {head}, [head](const torch::Tensor& x) { return head->forward(x.flatten(1)); }}};
 }
 

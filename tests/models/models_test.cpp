@@ -40,9 +40,11 @@ TEST(Models, ConvNetHasPythonStateDictKeysInOrder) {
   EXPECT_EQ(parameter_count(*net), 29034);
 }
 
-// Without autograd the max-pools keep their output channels-last, and in eval mode BatchNorm, ReLU
-// and the pool run as one pass (convnet.cpp): the logits are those of the autograd path, in eval and
-// in train mode (1e-6: the affine map and the layers after a pool may round or sum in another order).
+// Without autograd the max-pools keep their output channels-last, and in eval mode each block is one
+// oneDNN convolution with the BatchNorm folded in and one pass for ReLU and the pool (convnet.cpp):
+// the logits are those of the autograd path, in eval and in train mode, and in eval mode again after
+// a step has changed the weights (1e-6: the fold and the layers after a pool may round or sum in
+// another order; relative to the largest logit after the step).
 TEST(Models, ConvNetLogitsWithoutAutogradEqualThoseWithIt) {
   torch::manual_seed(4);
   ConvNet model;
@@ -54,6 +56,20 @@ TEST(Models, ConvNetLogitsWithoutAutogradEqualThoseWithIt) {
     torch::NoGradGuard no_grad;
     const torch::Tensor without = model->forward(x);
     EXPECT_LE((with_autograd - without).abs().max().item<double>(), 1e-6) << "training " << training;
+  }
+  // After a training step (new weights, new BatchNorm statistics) evaluation follows them.
+  {
+    model->train();
+    torch::optim::SGD sgd(model->parameters(), 0.01);
+    model->forward(x).sum().backward();
+    sgd.step();
+    model->eval();
+    const torch::Tensor with_autograd = model->forward(x);
+    torch::NoGradGuard no_grad;
+    const torch::Tensor without = model->forward(x);
+    const double largest = with_autograd.abs().max().item<double>();  // the step made the logits larger
+    EXPECT_GT(largest, 1.0);
+    EXPECT_LE((with_autograd - without).abs().max().item<double>() / largest, 1e-6) << "after a step";
   }
   // A NaN pixel reaches the logits of its own sample only, on both paths (ReLU and max keep NaNs).
   model->eval();

@@ -1,0 +1,40 @@
+#pragma once
+
+#include <torch/nn.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace lockstep::models {
+
+// A Conv2d and the eval-mode BatchNorm2d after it, run as one oneDNN convolution with the
+// BatchNorm folded into its weights and bias: see Note [Convolutions for inference through oneDNN].
+// One object serves one (convolution, BatchNorm) pair for the module's life; it may be called from
+// several threads at once.
+class InferenceConv {
+ public:
+  // Whether forward() can run this pair on `x`: fp32 on the CPU, a plain zero-padded convolution
+  // (numeric padding, one group) and a BatchNorm2d with running statistics.
+  static bool supports(const torch::nn::Conv2dImpl& conv, const torch::nn::BatchNorm2dImpl& norm,
+                       const torch::Tensor& x);
+  // norm(conv(x)) as LibTorch's eval mode computes it, within float rounding: x (N, C, H, W) fp32
+  // -> (N, out_channels, H', W') fp32 channels-last. Call without autograd (no gradient flows).
+  torch::Tensor forward(const torch::nn::Conv2dImpl& conv, const torch::nn::BatchNorm2dImpl& norm,
+                        const torch::Tensor& x);
+
+  InferenceConv();
+  ~InferenceConv();
+
+ private:
+  struct Compiled;  // oneDNN's primitive for one input shape, and the weights in its layout
+  std::shared_ptr<Compiled> compiled_for(const torch::nn::Conv2dImpl& conv, const torch::nn::BatchNorm2dImpl& norm,
+                                         const torch::Tensor& x);
+
+  std::mutex mutex_;
+  std::map<std::array<int64_t, 4>, std::shared_ptr<Compiled>> compiled_;  // by input shape (N, C, H, W)
+};
+
+}  // namespace lockstep::models
