@@ -19,8 +19,8 @@ namespace lockstep::models {
 // are reordered once per value: the eval-mode BatchNorm after the convolution is folded into them,
 //   w' = w * s and b' = (b - running_mean) * s + beta, with s = gamma / sqrt(running_var + eps)
 // (computed in double), so one primitive computes both layers. The weights are those of the
-// module's tensors as they are now: each compiled entry keeps a copy of the six tensors it was
-// folded from and compares them byte for byte on every call (~50 KB for the convnet's second block,
+// module's tensors as they are now: a copy of the six tensors they were folded from is kept and
+// compared byte for byte on every call (~50 KB for the convnet's second block,
 // a few microseconds; far less than the convolution over any batch for larger layers), so any
 // change (an optimizer step, a train-mode forward's new running statistics, load_state_dict)
 // folds them again on the next call. Values differ from LibTorch's by float rounding only (the
@@ -54,10 +54,12 @@ std::vector<torch::Tensor> sources_of(const torch::nn::Conv2dImpl& conv, const t
 
 }  // namespace
 
-struct InferenceConv::Compiled {
-  // A copy of a tensor a compiled entry's weights were folded from, and whether the module's tensor
-  // still holds the same bytes. Values, not version counters: BatchNorm's kernel updates its running
-  // statistics without bumping theirs, and a write through `.data()` bumps another one.
+// The BatchNorm folded into the convolution (Note [Convolutions for inference through oneDNN]), in
+// LibTorch's OIHW layout, and the six tensors it was folded from.
+struct InferenceConv::Folded {
+  // A copy of a tensor the folded weights came from, and whether the module's tensor still holds the
+  // same bytes. Values, not version counters: BatchNorm's kernel updates its running statistics
+  // without bumping theirs, and a write through `.data()` bumps another one.
   struct Source {
     torch::Tensor copy;
     explicit Source(const torch::Tensor& t) : copy(t.defined() ? t.detach().clone() : torch::Tensor()) {}
@@ -68,18 +70,38 @@ struct InferenceConv::Compiled {
     }
   };
 
-  dnnl::convolution_forward primitive;
-  dnnl::memory::desc src, dst;
-  size_t scratchpad_bytes = 0;
-  std::array<int64_t, 4> output_shape{};  // (N, out_channels, H', W')
-  dnnl::memory weights, bias;             // folded, in the primitive's layout
-  std::vector<Source> sources;            // what `weights` and `bias` were folded from
+  std::vector<Source> sources;
+  torch::Tensor weights, bias;  // fp32, contiguous
 
+  Folded(const torch::nn::Conv2dImpl& conv, const torch::nn::BatchNorm2dImpl& norm,
+         const std::vector<torch::Tensor>& from) {
+    for (const torch::Tensor& t : from) sources.emplace_back(t);
+    torch::NoGradGuard no_grad;
+    const int64_t channels = conv.options.out_channels();
+    const auto as_double = [](const torch::Tensor& t) { return t.detach().to(torch::kDouble); };
+    const auto ones = torch::ones({channels}, torch::kDouble), zeros = torch::zeros({channels}, torch::kDouble);
+    const torch::Tensor gamma = norm.weight.defined() ? as_double(norm.weight) : ones;
+    const torch::Tensor beta = norm.bias.defined() ? as_double(norm.bias) : zeros;
+    const torch::Tensor conv_bias = conv.bias.defined() ? as_double(conv.bias) : zeros;
+    const torch::Tensor scale = gamma / (as_double(norm.running_var) + norm.options.eps()).sqrt();
+    weights = (as_double(conv.weight) * scale.view({-1, 1, 1, 1})).to(torch::kFloat).contiguous();
+    bias = ((conv_bias - as_double(norm.running_mean)) * scale + beta).to(torch::kFloat).contiguous();
+  }
   bool current(const std::vector<torch::Tensor>& now) const {
     for (size_t i = 0; i < now.size(); ++i)
       if (!sources[i].current(now[i])) return false;
     return true;
   }
+};
+
+// oneDNN's primitive for one input shape, and the folded weights reordered into its layout.
+struct InferenceConv::Compiled {
+  dnnl::convolution_forward primitive;
+  dnnl::memory::desc src, dst;
+  size_t scratchpad_bytes = 0;
+  std::array<int64_t, 4> output_shape{};  // (N, out_channels, H', W')
+  dnnl::memory weights, bias;             // in the primitive's layout
+  std::shared_ptr<const Folded> from;     // what `weights` and `bias` hold
 };
 
 InferenceConv::InferenceConv() = default;
@@ -108,11 +130,12 @@ std::shared_ptr<InferenceConv::Compiled> InferenceConv::compiled_for(const torch
   const std::array<int64_t, 4> shape{x.size(0), x.size(1), x.size(2), x.size(3)};
   const std::vector<torch::Tensor> now = sources_of(conv, norm);
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!folded_ || !folded_->current(now)) folded_ = std::make_shared<const Folded>(conv, norm, now);
   auto found = compiled_.find(shape);
-  if (found != compiled_.end() && found->second->current(now)) return found->second;
+  if (found != compiled_.end() && found->second->from == folded_) return found->second;
 
   auto entry = std::make_shared<Compiled>();
-  if (found != compiled_.end()) {  // the same shape, new values: keep the primitive, fold again
+  if (found != compiled_.end()) {  // the same shape, new values: keep the primitive
     *entry = *found->second;
   } else {
     const auto& o = conv.options;
@@ -142,28 +165,16 @@ std::shared_ptr<InferenceConv::Compiled> InferenceConv::compiled_for(const torch
     entry->weights = dnnl::memory(pd.weights_desc(), cpu_engine());
     entry->bias = dnnl::memory(pd.bias_desc(), cpu_engine());
   }
-
-  // Fold the BatchNorm in (Note [Convolutions for inference through oneDNN]), in double.
-  torch::NoGradGuard no_grad;
-  const int64_t channels = conv.options.out_channels();
-  const auto as_double = [](const torch::Tensor& t) { return t.detach().to(torch::kDouble); };
-  torch::Tensor gamma = norm.weight.defined() ? as_double(norm.weight) : torch::ones({channels}, torch::kDouble);
-  torch::Tensor beta = norm.bias.defined() ? as_double(norm.bias) : torch::zeros({channels}, torch::kDouble);
-  const torch::Tensor scale = gamma / (as_double(norm.running_var) + norm.options.eps()).sqrt();
-  const torch::Tensor conv_bias = conv.bias.defined() ? as_double(conv.bias) : torch::zeros({channels}, torch::kDouble);
-  const torch::Tensor weights = (as_double(conv.weight) * scale.view({-1, 1, 1, 1})).to(torch::kFloat).contiguous();
-  const torch::Tensor bias = ((conv_bias - as_double(norm.running_mean)) * scale + beta).to(torch::kFloat).contiguous();
-  const dnnl::memory::desc plain(entry->weights.get_desc().dims(), dnnl::memory::data_type::f32,
-                                 dnnl::memory::format_tag::oihw);
   // New buffers, never the previous entry's: a call still running on it keeps its weights.
   entry->weights = dnnl::memory(entry->weights.get_desc(), cpu_engine());
   entry->bias = dnnl::memory(entry->bias.get_desc(), cpu_engine());
-  dnnl::memory user_weights(plain, cpu_engine(), weights.data_ptr<float>());
-  dnnl::reorder(user_weights, entry->weights).execute(thread_stream(), user_weights, entry->weights);
+  const auto& folded = *folded_;
+  dnnl::memory plain({entry->weights.get_desc().dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::oihw},
+                     cpu_engine(), folded.weights.data_ptr());
+  dnnl::reorder(plain, entry->weights).execute(thread_stream(), plain, entry->weights);
   thread_stream().wait();
-  std::memcpy(entry->bias.get_data_handle(), bias.data_ptr<float>(), channels * sizeof(float));
-  entry->sources.clear();
-  for (const torch::Tensor& t : now) entry->sources.emplace_back(t);
+  std::memcpy(entry->bias.get_data_handle(), folded.bias.data_ptr(), folded.bias.nbytes());
+  entry->from = folded_;
 
   if (found == compiled_.end() && compiled_.size() >= 64) compiled_.clear();  // many shapes: start over
   compiled_[shape] = entry;

@@ -29,11 +29,13 @@ class InferenceConv {
   ~InferenceConv();
 
  private:
-  struct Compiled;  // oneDNN's primitive for one input shape, and the weights in its layout
+  struct Folded;    // the BatchNorm folded into the convolution's weights and bias
+  struct Compiled;  // oneDNN's primitive for one input shape, and the folded weights in its layout
   std::shared_ptr<Compiled> compiled_for(const torch::nn::Conv2dImpl& conv, const torch::nn::BatchNorm2dImpl& norm,
                                          const torch::Tensor& x);
 
   std::mutex mutex_;
+  std::shared_ptr<const Folded> folded_;  // from the module's tensors as they were at the last call
   std::map<std::array<int64_t, 4>, std::shared_ptr<Compiled>> compiled_;  // by input shape (N, C, H, W)
 };
 

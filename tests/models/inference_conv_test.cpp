@@ -72,8 +72,11 @@ TEST(InferenceConv, FollowsTheModulesTensorsWhenTheyChange) {
   torch::NoGradGuard no_grad;
   Pair p(nn::Conv2dOptions(3, 8, 3).padding(1), nn::BatchNorm2dOptions(8));
   InferenceConv inference;
-  const torch::Tensor x = torch::randn({2, 3, 9, 9});
+  // Two batch sizes, two compiled entries: after a change the first call (y's) folds again, and x's
+  // entry, built before, must not keep its old weights.
+  const torch::Tensor x = torch::randn({2, 3, 9, 9}), y = torch::randn({3, 3, 9, 9});
   EXPECT_LE(relative_error(inference.forward(*p.conv, *p.norm, x), p.libtorch(x)), 1e-5);
+  EXPECT_LE(relative_error(inference.forward(*p.conv, *p.norm, y), p.libtorch(y)), 1e-5);
   const std::vector<std::pair<const char*, std::function<void()>>> changes{
       {"weight.add_", [&] { p.conv->weight.add_(0.25); }},
       {"bias.mul_", [&] { p.conv->bias.mul_(-3); }},
@@ -94,6 +97,7 @@ TEST(InferenceConv, FollowsTheModulesTensorsWhenTheyChange) {
     change();
     const torch::Tensor want = p.libtorch(x);
     ASSERT_GT((want - before).abs().max().item<double>(), 1e-3) << name << " changed nothing";
+    EXPECT_LE(relative_error(inference.forward(*p.conv, *p.norm, y), p.libtorch(y)), 1e-5) << "after " << name;
     EXPECT_LE(relative_error(inference.forward(*p.conv, *p.norm, x), want), 1e-5) << "after " << name;
   }
 }
