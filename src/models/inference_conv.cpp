@@ -127,7 +127,10 @@ bool InferenceConv::supports(const torch::nn::Conv2dImpl& conv, const torch::nn:
 std::shared_ptr<InferenceConv::Compiled> InferenceConv::compiled_for(const torch::nn::Conv2dImpl& conv,
                                                                      const torch::nn::BatchNorm2dImpl& norm,
                                                                      const torch::Tensor& x) {
-  const std::array<int64_t, 4> shape{x.size(0), x.size(1), x.size(2), x.size(3)};
+  // oneDNN divides a primitive's work among the threads there are when it is built, as many as
+  // LibTorch's intra-op threads on this thread: a new count gets its own primitive.
+  at::internal::lazy_init_num_threads();
+  const std::array<int64_t, 5> shape{x.size(0), x.size(1), x.size(2), x.size(3), at::get_num_threads()};
   const std::vector<torch::Tensor> now = sources_of(conv, norm);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!folded_ || !folded_->current(now)) folded_ = std::make_shared<const Folded>(conv, norm, now);
@@ -185,7 +188,6 @@ torch::Tensor InferenceConv::forward(const torch::nn::Conv2dImpl& conv, const to
                                      const torch::Tensor& x) {
   TORCH_CHECK(supports(conv, norm, x), "InferenceConv: unsupported convolution or input ", x.sizes());
   const std::shared_ptr<Compiled> c = compiled_for(conv, norm, x);
-  at::internal::lazy_init_num_threads();  // oneDNN's OpenMP threads: as many as LibTorch's on this thread
   const torch::Tensor in = x.contiguous(torch::MemoryFormat::ChannelsLast);
   torch::Tensor out = torch::empty(c->output_shape, x.options().memory_format(torch::MemoryFormat::ChannelsLast));
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(c->src, cpu_engine(), in.data_ptr())},

@@ -36,7 +36,8 @@ class InferenceConv {
 
   std::mutex mutex_;
   std::shared_ptr<const Folded> folded_;  // from the module's tensors as they were at the last call
-  std::map<std::array<int64_t, 4>, std::shared_ptr<Compiled>> compiled_;  // by input shape (N, C, H, W)
+  // By input shape and thread count: (N, C, H, W, at::get_num_threads()).
+  std::map<std::array<int64_t, 5>, std::shared_ptr<Compiled>> compiled_;
 };
 
 }  // namespace lockstep::models
