@@ -13,8 +13,9 @@ namespace lockstep::models {
 // LibTorch hands every CPU convolution to oneDNN, but on each call it describes the problem anew
 // and asks oneDNN for a primitive, and reorders the weights into the layout the primitive wants.
 // For the small problems of inference that bookkeeping costs more than the convolution: at batch 1
-// the convnet's two convolutions run 0.01 and 0.026 ms in oneDNN (ONEDNN_VERBOSE=1) but take 0.03
-// and 0.06 ms through LibTorch (docs/benchmarks.md, "Convolutions for inference through oneDNN").
+// the convnet's two convolutions run 0.010 and 0.026 ms in oneDNN (ONEDNN_VERBOSE=1), and the whole
+// forward took 0.106 ms through LibTorch against 0.053 this way (docs/benchmarks.md, "Convolutions
+// for inference through oneDNN").
 // Here the primitive is built once per input shape (prop_kind::forward_inference), and the weights
 // are reordered once per value: the eval-mode BatchNorm after the convolution is folded into them,
 //   w' = w * s and b' = (b - running_mean) * s + beta, with s = gamma / sqrt(running_var + eps)
