@@ -1,6 +1,5 @@
 #include "lockstep/models/convnet.h"
 
-#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 
 #include <vector>
@@ -69,21 +68,21 @@ torch::Tensor relu_pool_eval(const torch::Tensor& x) {
   torch::Tensor out = torch::empty({n, c, oh, ow}, x.options().memory_format(torch::MemoryFormat::ChannelsLast));
   const float* src = in.data_ptr<float>();
   float* dst = out.data_ptr<float>();
-  at::parallel_for(0, n * oh, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {  // one output row: image row / oh, rows 2y and 2y+1
-      const float* top = src + ((row / oh) * h + 2 * (row % oh)) * w * c;
-      const float* bottom = top + w * c;
-      float* o = dst + row * ow * c;
-      for (int64_t x0 = 0; x0 < ow; ++x0, o += c) {
-        const float* p = top + 2 * x0 * c;
-        const float* q = bottom + 2 * x0 * c;
-        for (int64_t k = 0; k < c; ++k) {
-          const float m = max_keeping_nan(max_keeping_nan(p[k], p[c + k]), max_keeping_nan(q[k], q[c + k]));
-          o[k] = max_keeping_nan(m, 0.0f);
-        }
+  // On the calling thread. (at::parallel_for would be too: it is a header template whose OpenMP
+  // pragma needs -fopenmp, which lockstep is not compiled with.)
+  for (int64_t row = 0; row < n * oh; ++row) {  // one output row: image row / oh, rows 2y and 2y+1
+    const float* top = src + ((row / oh) * h + 2 * (row % oh)) * w * c;
+    const float* bottom = top + w * c;
+    float* o = dst + row * ow * c;
+    for (int64_t x0 = 0; x0 < ow; ++x0, o += c) {
+      const float* p = top + 2 * x0 * c;
+      const float* q = bottom + 2 * x0 * c;
+      for (int64_t k = 0; k < c; ++k) {
+        const float m = max_keeping_nan(max_keeping_nan(p[k], p[c + k]), max_keeping_nan(q[k], q[c + k]));
+        o[k] = max_keeping_nan(m, 0.0f);
       }
     }
-  });
+  }
   return out;
 }
 

@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <dlfcn.h>
 #include <dnnl.hpp>
 
 #include <cstring>
@@ -25,7 +26,10 @@ namespace lockstep::models {
 // a few microseconds; far less than the convolution over any batch for larger layers), so any
 // change (an optimizer step, a train-mode forward's new running statistics, load_state_dict)
 // folds them again on the next call. Values differ from LibTorch's by float rounding only (the
-// fold, and the order of the sums), ~1e-7 relative. oneDNN here is the library LibTorch itself
+// fold, and the order of the sums), ~1e-7 relative. A convolution of fewer than 2^20 multiply-adds
+// (the convnet's first at batch 1) gets a primitive built for one thread: on two threads it took
+// 7 us but 18 us with the pass after it (which then reads, likely, the half the other core wrote),
+// against 11.5 us with both on one thread (docs/benchmarks.md, same section). oneDNN here is the library LibTorch itself
 // links (Debian's libdnnl 2.6, whose API this file uses).
 
 namespace {
@@ -48,6 +52,35 @@ const torch::ExpandingArray<2>* numeric_padding(const torch::nn::Conv2dImpl& con
 int64_t output_extent(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation) {
   return (in + 2 * pad - dilation * (kernel - 1) - 1) / stride + 1;
 }
+
+// Below this many multiply-adds a convolution's primitive is built for one thread (see
+// Note [Convolutions for inference through oneDNN]).
+constexpr int64_t kOneThreadMacs = int64_t{1} << 20;
+
+// OpenMP's thread count on the calling thread, set for a scope: oneDNN divides a primitive's work
+// among as many threads as OpenMP offers when the primitive is built. The functions are looked up
+// in the OpenMP runtime LibTorch has loaded, so that lockstep links none of its own; without one,
+// nothing changes.
+class OpenMpThreads {
+ public:
+  explicit OpenMpThreads(int threads) {
+    static const auto get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+    static const auto set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+    if (get == nullptr || set == nullptr) return;
+    set_ = set;
+    previous_ = get();
+    set_(threads);
+  }
+  ~OpenMpThreads() {
+    if (set_ != nullptr) set_(previous_);
+  }
+  OpenMpThreads(const OpenMpThreads&) = delete;
+  OpenMpThreads& operator=(const OpenMpThreads&) = delete;
+
+ private:
+  void (*set_)(int) = nullptr;
+  int previous_ = 0;
+};
 
 std::vector<torch::Tensor> sources_of(const torch::nn::Conv2dImpl& conv, const torch::nn::BatchNorm2dImpl& norm) {
   return {conv.weight, conv.bias, norm.weight, norm.bias, norm.running_mean, norm.running_var};
@@ -161,6 +194,8 @@ std::shared_ptr<InferenceConv::Compiled> InferenceConv::compiled_for(const torch
         dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src, weights, bias, dst,
         {(*o.stride())[0], (*o.stride())[1]}, {(*o.dilation())[0] - 1, (*o.dilation())[1] - 1}, {pad[0], pad[1]},
         {pad[0], pad[1]});
+    const int64_t macs = out[0] * out[1] * out[2] * out[3] * o.in_channels() * kh * kw;
+    OpenMpThreads threads(macs < kOneThreadMacs ? 1 : static_cast<int>(shape[4]));
     const dnnl::convolution_forward::primitive_desc pd(desc, attr, cpu_engine());
     entry->primitive = dnnl::convolution_forward(pd);
     entry->src = pd.src_desc();

@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
 #include <thread>
 #include <vector>
 
@@ -123,6 +126,25 @@ TEST(InferenceConv, ManyThreadsAtOnceGetTheirOwnResults) {
     });
   for (auto& thread : threads) thread.join();
   for (size_t t = 0; t < errors.size(); ++t) EXPECT_LE(errors[t], 1e-5) << "thread " << t;
+}
+
+// A convolution this small is built for one thread (inference_conv.cpp sets OpenMP's count while
+// oneDNN builds it); afterwards the calling thread's OpenMP count is what it was, as LibTorch's own
+// kernels (compiled with OpenMP, unlike this file) read it.
+TEST(InferenceConv, ASmallConvolutionLeavesTheCallersOpenMpThreadCountAsItWas) {
+  const auto omp_get_max_threads = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  ASSERT_NE(omp_get_max_threads, nullptr) << "LibTorch here is expected to load an OpenMP runtime";
+  const int before = at::get_num_threads();
+  at::set_num_threads(2);
+  ASSERT_EQ(omp_get_max_threads(), 2);
+  torch::NoGradGuard no_grad;
+  Pair p(nn::Conv2dOptions(1, 4, 3).padding(1), nn::BatchNorm2dOptions(4));
+  InferenceConv inference;
+  const torch::Tensor x = torch::randn({1, 1, 6, 6});
+  EXPECT_LE(relative_error(inference.forward(*p.conv, *p.norm, x), p.libtorch(x)), 1e-5);
+  const int after = omp_get_max_threads();
+  at::set_num_threads(before);
+  EXPECT_EQ(after, 2);
 }
 
 TEST(InferenceConv, LeavesWhatItDoesNotRunToLibTorch) {

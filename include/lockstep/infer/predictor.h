@@ -47,6 +47,7 @@ class Predictor {
  private:
   torch::nn::AnyModule model_;
   std::shared_ptr<torch::nn::Module> module_;
+  torch::Tensor first_parameter_;  // where the model is: inputs go to its device
   PredictorOptions options_;
 };
 
