@@ -131,7 +131,7 @@ struct InferenceConv::Folded {
 // oneDNN's primitive for one input shape, and the folded weights reordered into its layout.
 struct InferenceConv::Compiled {
   dnnl::convolution_forward primitive;
-  dnnl::memory::desc src, dst;
+  dnnl::memory::desc src, dst, weights_layout, bias_layout;
   size_t scratchpad_bytes = 0;
   std::array<int64_t, 4> output_shape{};  // (N, out_channels, H', W')
   dnnl::memory weights, bias;             // in the primitive's layout
@@ -201,14 +201,14 @@ std::shared_ptr<InferenceConv::Compiled> InferenceConv::compiled_for(const torch
     entry->src = pd.src_desc();
     entry->dst = pd.dst_desc();
     entry->scratchpad_bytes = pd.scratchpad_desc().get_size();
-    entry->weights = dnnl::memory(pd.weights_desc(), cpu_engine());
-    entry->bias = dnnl::memory(pd.bias_desc(), cpu_engine());
+    entry->weights_layout = pd.weights_desc();
+    entry->bias_layout = pd.bias_desc();
   }
   // New buffers, never the previous entry's: a call still running on it keeps its weights.
-  entry->weights = dnnl::memory(entry->weights.get_desc(), cpu_engine());
-  entry->bias = dnnl::memory(entry->bias.get_desc(), cpu_engine());
+  entry->weights = dnnl::memory(entry->weights_layout, cpu_engine());
+  entry->bias = dnnl::memory(entry->bias_layout, cpu_engine());
   const auto& folded = *folded_;
-  dnnl::memory plain({entry->weights.get_desc().dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::oihw},
+  dnnl::memory plain({entry->weights_layout.dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::oihw},
                      cpu_engine(), folded.weights.data_ptr());
   dnnl::reorder(plain, entry->weights).execute(thread_stream(), plain, entry->weights);
   thread_stream().wait();
