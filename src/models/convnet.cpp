@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "inference_conv.h"
+#include "norm_relu_pool.h"
 
 namespace lockstep::models {
 namespace {
@@ -87,15 +88,23 @@ torch::Tensor relu_pool_eval(const torch::Tensor& x) {
 }
 
 // A conv block's forward: see Note [One pass for ReLU and the max-pool in evaluation] for the
-// evaluation path; everything else (training, autograd, autocast, another norm layer such as
-// SyncBatchNorm, an input oneDNN's path does not take) runs the Sequential as it is.
+// evaluation path and Note [BatchNorm, ReLU and the max-pool as one function in training]
+// (norm_relu_pool.cpp) for training's; everything else (autograd in eval mode, autocast in
+// evaluation, another norm layer such as SyncBatchNorm, an input neither path takes) runs the
+// Sequential as it is.
 torch::Tensor run_conv_block(torch::nn::SequentialImpl& block, InferenceConv& inference, const torch::Tensor& x) {
   const auto& conv = *block[0]->as<torch::nn::Conv2d>();
-  const auto* norm = block[1]->as<torch::nn::BatchNorm2d>();
-  const bool evaluating = norm != nullptr && !norm->is_training() && !torch::GradMode::is_enabled() &&
-                          !at::autocast::is_cpu_enabled() && InferenceConv::supports(conv, *norm, x);
-  if (!evaluating) return block.forward(x);
-  return relu_pool_eval(inference.forward(conv, *norm, x));
+  auto* norm = block[1]->as<torch::nn::BatchNorm2d>();
+  if (norm == nullptr) return block.forward(x);
+  if (!norm->is_training()) {
+    const bool evaluating = !torch::GradMode::is_enabled() && !at::autocast::is_cpu_enabled() &&
+                            InferenceConv::supports(conv, *norm, x);
+    return evaluating ? relu_pool_eval(inference.forward(conv, *norm, x)) : block.forward(x);
+  }
+  torch::Tensor y = block.begin()->forward(x);  // the convolution
+  if (norm_relu_pool_trains(*norm, y)) return norm_relu_pool_train(*norm, y);
+  for (auto it = block.begin() + 1; it != block.end(); ++it) y = it->forward(y);
+  return y;
 }
 
 }  // namespace
