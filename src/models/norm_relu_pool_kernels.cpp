@@ -146,19 +146,24 @@ struct Tail {
 template <typename T>
 void shifted_sums(const T* x, int64_t n, float shift, double& s1, double& s2) {
   const __m256 sh = _mm256_set1_ps(shift);
-  __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+  __m256d a = _mm256_setzero_pd(), b = _mm256_setzero_pd();
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     const __m256 d = _mm256_sub_ps(load8(x + i), sh);
-    a = _mm256_add_ps(a, d);
-    b = _mm256_fmadd_ps(d, d, b);
+    for (const __m256d e : {_mm256_cvtps_pd(_mm256_castps256_ps128(d)), _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1))}) {
+      a = _mm256_add_pd(a, e);
+      b = _mm256_fmadd_pd(e, e, b);
+    }
   }
-  double u = sum_lanes(a), v = sum_lanes(b);
+  alignas(32) double u[4], v[4];
+  _mm256_store_pd(u, a);
+  _mm256_store_pd(v, b);
+  double p = u[0] + u[1] + u[2] + u[3], q = v[0] + v[1] + v[2] + v[3];
   for (; i < n; ++i) {
-    const double d = double(x[i]) - shift;
-    u += d, v += d * d;
+    const double d = float(x[i]) - shift;
+    p += d, q += d * d;
   }
-  s1 += u, s2 += v;
+  s1 += p, s2 += q;
 }
 
 template <typename T>

@@ -16,7 +16,7 @@ constexpr uint8_t kZeroed = 4;
 // Whether this CPU runs the functions below (AVX2 and FMA).
 bool avx2_available();
 
-// s1 += sum(x - shift), s2 += sum((x - shift)^2) over n values, each plane's sum in float lanes.
+// s1 += sum(x - shift), s2 += sum((x - shift)^2) over n values, x - shift in fp32, the sums in fp64.
 template <typename T>
 void shifted_sums(const T* x, int64_t n, float shift, double& s1, double& s2);
 

@@ -211,6 +211,16 @@ torch::Tensor SyncBatchNormImpl<BatchNormImpl>::forward(const torch::Tensor& x) 
 }
 
 template <typename BatchNormImpl>
+void SyncBatchNormImpl<BatchNormImpl>::sum_over_ranks(torch::Tensor& values) const {
+  if (group_->size() > 1) group_->all_reduce(values);
+}
+
+template <typename BatchNormImpl>
+std::string SyncBatchNormImpl<BatchNormImpl>::rank_description() const {
+  return "rank " + std::to_string(group_->rank()) + " of " + std::to_string(group_->size());
+}
+
+template <typename BatchNormImpl>
 std::shared_ptr<torch::nn::Module> SyncBatchNormImpl<BatchNormImpl>::clone(
     const c10::optional<torch::Device>& device) const {
   auto copy = std::make_shared<SyncBatchNormImpl>(this->options, *group_);

@@ -160,7 +160,7 @@ TEST(NormReluPool, TakesOnlyWhatItComputesAsLibTorchDoes) {
   EXPECT_FALSE(norm_relu_pool_trains(*norm, torch::randn({2, 5, 6, 6})));  // channels != num_features
   norm->eval();
   EXPECT_FALSE(norm_relu_pool_trains(*norm, x));
-  // A subclass, as SyncBatchNorm is, keeps its own forward.
+  // Another subclass keeps its own forward (SyncBatchNorm: tests/parallel/sync_batch_norm_test.cpp).
   struct OwnNorm : nn::BatchNorm2dImpl {
     using nn::BatchNorm2dImpl::BatchNorm2dImpl;
   };

@@ -14,6 +14,7 @@
 #include "lockstep/models/resnet.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/parallel/distributed_data_parallel.h"
+#include "../../src/models/norm_relu_pool.h"
 
 namespace lockstep::parallel {
 namespace {
@@ -133,6 +134,59 @@ TEST(SyncBatchNorm, UnequalBatchesAndARankWithoutSamplesEqualBatchNormOnTheWhole
   expect_equal_to_batch_norm_on_the_whole_batch<nn::BatchNorm2d, SyncBatchNorm2d>({6, 1}, {4, 3}, nn::BatchNormOptions(3));
   expect_equal_to_batch_norm_on_the_whole_batch<nn::BatchNorm2d, SyncBatchNorm2d>({0, 5}, {4, 3}, nn::BatchNormOptions(3));
   expect_equal_to_batch_norm_on_the_whole_batch<nn::BatchNorm2d, SyncBatchNorm2d>({3, 0, 4}, {2, 2}, nn::BatchNormOptions(2));
+}
+
+// The convnet's training blocks run BatchNorm, ReLU and the max-pool as one function, which takes a
+// SyncBatchNorm too (src/models/norm_relu_pool.cpp): against BatchNorm2d, ReLU and MaxPool2d(2) on
+// the whole batch over three steps, with unequal batches, and with a rank without samples that runs
+// SyncBatchNorm's own forward instead, so the two paths' collectives must pair up.
+TEST(SyncBatchNorm, InTheConvnetsOneFunctionTrainingPathEqualsTheModulesOnTheWholeBatch) {
+  struct Split {
+    std::vector<int64_t> sizes;
+    bool last_rank_runs_the_module;
+  };
+  for (const Split& split : {Split{{3, 5}, false}, Split{{4, 0}, true}}) {
+    const int64_t world = 2, total = split.sizes[0] + split.sizes[1], c = 6;
+    const Batches b = make_batches(3, total, c, {8, 8});
+    std::vector<torch::Tensor> g;  // the pooled outputs' gradients
+    for (int s = 0; s < 3; ++s) g.push_back(torch::randn({total, c, 4, 4}));
+    nn::BatchNorm2d plain(c);
+    set_affine(plain->weight, plain->bias);
+    Reference ref;
+    for (size_t s = 0; s < b.x.size(); ++s) {
+      torch::Tensor x = b.x[s].clone().requires_grad_();
+      plain->zero_grad();
+      torch::Tensor y = torch::max_pool2d(torch::relu(plain->forward(x)), {2, 2});
+      (y * g[s]).sum().backward();
+      ref.y.push_back(y.detach());
+      ref.grad_x.push_back(x.grad());
+      ref.grad_weight.push_back(plain->weight.grad().clone());
+      ref.grad_bias.push_back(plain->bias.grad().clone());
+    }
+    run_ranks(world, [&](int64_t rank, dist::ProcessGroup& pg) {
+      const int64_t begin = rank == 0 ? 0 : split.sizes[0], n = split.sizes[rank];
+      SyncBatchNorm2d bn(nn::BatchNormOptions(c), pg);
+      set_affine(bn->weight, bn->bias);
+      const bool own_forward = split.last_rank_runs_the_module && rank == world - 1;
+      const std::string where = "rank " + std::to_string(rank) + " of sizes " + c10::Join(",", split.sizes);
+      for (size_t s = 0; s < b.x.size(); ++s) {
+        torch::Tensor x = b.x[s].narrow(0, begin, n).clone().requires_grad_();
+        ASSERT_TRUE(own_forward || models::norm_relu_pool_trains(*bn, x)) << where;
+        bn->zero_grad();
+        torch::Tensor y = own_forward ? torch::max_pool2d(torch::relu(bn->forward(x)), {2, 2})
+                                      : models::norm_relu_pool_train(*bn, x);
+        (y * g[s].narrow(0, begin, n)).sum().backward();
+        EXPECT_LE(max_diff(y, ref.y[s].narrow(0, begin, n)), kTol) << where << " step " << s;
+        EXPECT_LE(max_diff(x.grad(), ref.grad_x[s].narrow(0, begin, n)), kTol) << where << " step " << s;
+        torch::Tensor grads = torch::cat({bn->weight.grad(), bn->bias.grad()});
+        pg.all_reduce(grads);
+        EXPECT_LE(max_diff(grads, torch::cat({ref.grad_weight[s], ref.grad_bias[s]})), kTol) << where << " step " << s;
+      }
+      EXPECT_LE(max_diff(bn->running_mean, plain->running_mean), kTol) << where;
+      EXPECT_LE(max_diff(bn->running_var, plain->running_var), kTol) << where;
+      EXPECT_TRUE(torch::equal(bn->num_batches_tracked, plain->num_batches_tracked)) << where;
+    });
+  }
 }
 
 // Inputs laid out channels-last (convnet's and resnet18's activations): statistics are summed over

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace lockstep::models {
 
@@ -17,5 +18,19 @@ using NormLayer = std::function<torch::nn::AnyModule(int64_t num_features)>;
 
 // BatchNorm2d(num_features) with PyTorch's defaults: the reference models' default norm layer.
 torch::nn::AnyModule batch_norm_2d(int64_t num_features);
+
+// A BatchNorm whose training statistics cover several processes' batches (parallel::SyncBatchNorm).
+// A model's own training path for its norm layers (the convnet's BatchNorm, ReLU and max-pool as
+// one function) finds it with dynamic_cast and calls sum_over_ranks where the layer's forward and
+// backward all-reduce, with the same values in the same order, so that ranks taking either path
+// pair up.
+class SumsOverRanks {
+ public:
+  virtual ~SumsOverRanks() = default;
+  // Sums `values` (K) fp64 over the ranks, in place. Every rank calls it in the same order.
+  virtual void sum_over_ranks(torch::Tensor& values) const = 0;
+  // "rank R of W", for errors.
+  virtual std::string rank_description() const = 0;
+};
 
 }  // namespace lockstep::models

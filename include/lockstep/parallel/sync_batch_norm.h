@@ -28,6 +28,10 @@ namespace lockstep::parallel {
 // them. The element-wise work is then that of BatchNorm itself: the first version, in plain
 // tensor ops, made about ten passes over each activation, an fp64 copy among them, and ran the
 // convnet's DDP step at half of plain BatchNorm's speed.
+// The convnet's training blocks run BatchNorm, ReLU and the max-pool as one function (Note
+// [BatchNorm, ReLU and the max-pool as one function in training], src/models/norm_relu_pool.cpp);
+// with a SyncBatchNorm it sums the same numbers, fp64 and unshifted, through sum_over_ranks at the
+// same two places (models::SumsOverRanks), so a rank on that path and a rank on this one pair up.
 // Running statistics follow PyTorch's BatchNorm (momentum, or the cumulative average without
 // one; the unbiased variance), computed from the same global numbers on every rank, so they stay
 // identical without a broadcast (DistributedDataParallel skips SyncBatchNorm's buffers).
@@ -40,7 +44,7 @@ namespace lockstep::parallel {
 // input-dimension checks) treats it the same. It must be called through its own type (or an
 // AnyModule made from it): BatchNorm's forward is not virtual.
 template <typename BatchNormImpl>
-class SyncBatchNormImpl : public BatchNormImpl {
+class SyncBatchNormImpl : public BatchNormImpl, public models::SumsOverRanks {
  public:
   // `group` must outlive the module; its ranks must all hold this layer.
   SyncBatchNormImpl(const torch::nn::BatchNormOptions& options, dist::ProcessGroup& group);
@@ -53,6 +57,11 @@ class SyncBatchNormImpl : public BatchNormImpl {
   void pretty_print(std::ostream& stream) const override;
 
   dist::ProcessGroup& group() const { return *group_; }
+
+  // The forward's (2C+1) sums (count, sum, sum of squares per channel) and the backward's (2C)
+  // (sum of dy, sum of dy x_hat), all-reduced; nothing with one rank.
+  void sum_over_ranks(torch::Tensor& values) const override;
+  std::string rank_description() const override;
 
  private:
   dist::ProcessGroup* group_;
