@@ -202,7 +202,10 @@ TEST(OptLevel, O2SkipsTheStepOnInfAndLeavesModelAndMastersUnchanged) {
   EXPECT_EQ(amp.grad_scaler().get_scale(), 32768.0);
 }
 
-// 16 fixed images, 30 steps: memorising them must at least halve the loss (fp32 gets ~100x).
+// 16 fixed images, 40 steps: memorising them must at least halve the loss (fp32 gets ~100x). At
+// this learning rate O2's loss first climbs (to ~26 by the fourth step) and then falls by ~0.1 a
+// step, so at 30 steps it sat at the threshold and rounding order alone (which BatchNorm kernels
+// run) decided the test; at 40 it is ~0.13x the first on either.
 TEST(OptLevel, O2TrainingDecreasesTheLoss) {
   torch::manual_seed(4);
   auto model = std::make_shared<models::ConvNetImpl>();
@@ -212,7 +215,7 @@ TEST(OptLevel, O2TrainingDecreasesTheLoss) {
   auto forward = [&](torch::Tensor x) { return model->forward(x); };
   const double first = train_step(amp, *model, forward, b);
   double last = first;
-  for (int step = 1; step < 30; ++step) last = train_step(amp, *model, forward, b);
+  for (int step = 1; step < 40; ++step) last = train_step(amp, *model, forward, b);
   EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
 }
 
