@@ -89,8 +89,8 @@ torch::Tensor relu_pool_eval(const torch::Tensor& x) {
 
 // A conv block's forward: see Note [One pass for ReLU and the max-pool in evaluation] for the
 // evaluation path and Note [BatchNorm, ReLU and the max-pool as one function in training]
-// (norm_relu_pool.cpp) for training's; everything else (autograd in eval mode, autocast in
-// evaluation, another norm layer such as SyncBatchNorm, an input neither path takes) runs the
+// (norm_relu_pool.cpp) for training's (BatchNorm2d or SyncBatchNorm); everything else (autograd in
+// eval mode, autocast in evaluation, another norm layer, an input neither path takes) runs the
 // Sequential as it is.
 torch::Tensor run_conv_block(torch::nn::SequentialImpl& block, InferenceConv& inference, const torch::Tensor& x) {
   const auto& conv = *block[0]->as<torch::nn::Conv2d>();
