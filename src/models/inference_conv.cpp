@@ -29,8 +29,8 @@ namespace lockstep::models {
 // fold, and the order of the sums), ~1e-7 relative. A convolution of fewer than 2^20 multiply-adds
 // (the convnet's first at batch 1) gets a primitive built for one thread: on two threads it took
 // 7 us but 18 us with the pass after it (which then reads, likely, the half the other core wrote),
-// against 11.5 us with both on one thread (docs/benchmarks.md, same section). oneDNN here is the library LibTorch itself
-// links (Debian's libdnnl 2.6, whose API this file uses).
+// against 11.5 us with both on one thread (docs/benchmarks.md, same section). oneDNN here is the
+// library LibTorch itself links (Debian's libdnnl 2.6, whose API this file uses).
 
 namespace {
 

@@ -59,8 +59,8 @@ torch::Tensor batch_sums(const torch::Tensor& x, const std::vector<float>& shift
 // Per channel the sum of g and of g * x_hat over the winners: (2C) fp64, as SyncBatchNorm's
 // backward packs them.
 template <typename T>
-torch::Tensor winner_sums(const torch::Tensor& stats, const torch::Tensor& g, const torch::Tensor& winner,
-                          const torch::Tensor& code) {
+torch::Tensor channel_winner_sums(const torch::Tensor& stats, const torch::Tensor& g, const torch::Tensor& winner,
+                                  const torch::Tensor& code) {
   const int64_t n = g.size(0), c = g.size(1), ohw = g.size(2) * g.size(3);
   const double* mean = stats.data_ptr<double>();
   const double* invstd = mean + c;
@@ -163,8 +163,8 @@ struct NormReluPool : torch::autograd::Function<NormReluPool> {
     const torch::Tensor g = grads[0].to(x.scalar_type()).contiguous();
     const bool bf16 = x.scalar_type() == torch::kBFloat16;
     // This rank's sums: the weight's and bias's gradients (DDP averages them over the ranks).
-    const torch::Tensor local = bf16 ? winner_sums<c10::BFloat16>(stats, g, winner, code)
-                                     : winner_sums<float>(stats, g, winner, code);
+    const torch::Tensor local = bf16 ? channel_winner_sums<c10::BFloat16>(stats, g, winner, code)
+                                     : channel_winner_sums<float>(stats, g, winner, code);
     torch::Tensor gx, gw, gb;
     if (ctx->needs_input_grad(0)) {
       torch::Tensor global = local.clone();
