@@ -55,6 +55,8 @@ TEST(NormReluPool, EqualsLibTorchsBatchNormReluAndMaxPoolInTraining) {
       {"no running statistics", nn::BatchNorm2dOptions(6).track_running_stats(false), {2, 6, 10, 12}},
       {"ties in the windows", nn::BatchNorm2dOptions(4), {6, 4, 12, 12}, true},
       {"one image of 2x2", nn::BatchNorm2dOptions(3), {1, 3, 2, 2}},
+      {"rows of 17 windows: two whole chunks and one window", nn::BatchNorm2dOptions(4), {2, 4, 6, 34}},
+      {"rows of exactly 8 windows", nn::BatchNorm2dOptions(3), {3, 3, 4, 16}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -88,31 +90,35 @@ TEST(NormReluPool, EqualsLibTorchsBatchNormReluAndMaxPoolInTraining) {
 // round to neighbouring bf16 may pick another window winner, so not the largest difference).
 TEST(NormReluPool, TakesAutocastsBFloat16AsLibTorchsModulesDo) {
   torch::manual_seed(14);
-  auto [libtorch, ours] = twins(nn::BatchNorm2dOptions(16));
   const auto norm_error = [](const torch::Tensor& got, const torch::Tensor& want) {
     return ((got.to(torch::kDouble) - want.to(torch::kDouble)).norm() / want.to(torch::kDouble).norm()).item<double>();
   };
-  const torch::Tensor x = (torch::randn({8, 16, 14, 14}) * 3 + 1).to(torch::kBFloat16);
-  ASSERT_TRUE(norm_relu_pool_trains(*ours, x));
-  const torch::Tensor x1 = x.clone().requires_grad_(), x2 = x.clone().requires_grad_();
-  const torch::Tensor want = torch::max_pool2d(torch::relu(libtorch->forward(x1)), {2, 2});
-  const torch::Tensor got = norm_relu_pool_train(*ours, x2);
-  ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
-  EXPECT_LE(norm_error(got, want), 1e-2);
-  // Each output LibTorch's bf16 value or its neighbour (8 bits: 2^-7 relative at most).
-  const torch::Tensor a = got.to(torch::kDouble), b = want.to(torch::kDouble);
-  EXPECT_LE(((a - b).abs() / b.abs().clamp_min(1e-30)).masked_fill(b == 0, 0).max().item<double>(), 1.0 / 128);
-  EXPECT_TRUE(torch::equal(a == 0, b == 0));
-  const torch::Tensor g = torch::randn(want.sizes()).to(torch::kBFloat16);
-  want.backward(g);
-  got.backward(g);
-  ASSERT_EQ(x2.grad().scalar_type(), torch::kBFloat16);
-  EXPECT_LE(norm_error(x2.grad(), x1.grad()), 1e-2);
-  for (size_t i = 0; i < ours->parameters().size(); ++i) {
-    ASSERT_EQ(ours->parameters()[i].grad().scalar_type(), torch::kFloat);
-    EXPECT_LE(norm_error(ours->parameters()[i].grad(), libtorch->parameters()[i].grad()), 1e-2) << "parameter " << i;
+  // Rows of 7 windows (the convnet's second block: each a part of a chunk), and of 17 (two whole chunks and one).
+  for (const std::vector<int64_t> shape : {std::vector<int64_t>{8, 16, 14, 14}, std::vector<int64_t>{4, 16, 6, 34}}) {
+    SCOPED_TRACE(c10::str(shape));
+    auto [libtorch, ours] = twins(nn::BatchNorm2dOptions(16));
+    const torch::Tensor x = (torch::randn(shape) * 3 + 1).to(torch::kBFloat16);
+    ASSERT_TRUE(norm_relu_pool_trains(*ours, x));
+    const torch::Tensor x1 = x.clone().requires_grad_(), x2 = x.clone().requires_grad_();
+    const torch::Tensor want = torch::max_pool2d(torch::relu(libtorch->forward(x1)), {2, 2});
+    const torch::Tensor got = norm_relu_pool_train(*ours, x2);
+    ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+    EXPECT_LE(norm_error(got, want), 1e-2);
+    // Each output LibTorch's bf16 value or its neighbour (8 bits: 2^-7 relative at most).
+    const torch::Tensor a = got.to(torch::kDouble), b = want.to(torch::kDouble);
+    EXPECT_LE(((a - b).abs() / b.abs().clamp_min(1e-30)).masked_fill(b == 0, 0).max().item<double>(), 1.0 / 128);
+    EXPECT_TRUE(torch::equal(a == 0, b == 0));
+    const torch::Tensor g = torch::randn(want.sizes()).to(torch::kBFloat16);
+    want.backward(g);
+    got.backward(g);
+    ASSERT_EQ(x2.grad().scalar_type(), torch::kBFloat16);
+    EXPECT_LE(norm_error(x2.grad(), x1.grad()), 1e-2);
+    for (size_t i = 0; i < ours->parameters().size(); ++i) {
+      ASSERT_EQ(ours->parameters()[i].grad().scalar_type(), torch::kFloat);
+      EXPECT_LE(norm_error(ours->parameters()[i].grad(), libtorch->parameters()[i].grad()), 1e-2) << "parameter " << i;
+    }
+    EXPECT_LE(relative_error(ours->running_var, libtorch->running_var), 1e-5);
   }
-  EXPECT_LE(relative_error(ours->running_var, libtorch->running_var), 1e-5);
 }
 
 // Checkpointing's first forward runs in train mode without autograd: the same values, and the
