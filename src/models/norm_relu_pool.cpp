@@ -1,6 +1,7 @@
 #include "norm_relu_pool.h"
 
 #include "lockstep/models/norm_layer.h"
+#include "../core/cpu_isa.h"
 #include "norm_relu_pool_kernels.h"
 
 #include <torch/torch.h>
@@ -192,7 +193,7 @@ bool norm_relu_pool_trains(const torch::nn::BatchNorm2dImpl& norm, const torch::
   // after the sums for several.
   const bool summed = dynamic_cast<const SumsOverRanks*>(&norm) != nullptr;
   if (!summed && typeid(norm) != typeid(torch::nn::BatchNorm2dImpl)) return false;
-  return kernels::avx2_available() && norm.is_training() && x.device().is_cpu() &&
+  return cpu_has_avx2_fma() && norm.is_training() && x.device().is_cpu() &&
          (x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16) && x.dim() == 4 &&
          x.is_contiguous() && x.size(2) % 2 == 0 && x.size(3) % 2 == 0 && x.size(2) > 0 && x.size(3) > 0 &&
          (summed || x.size(0) * x.size(2) * x.size(3) > 1) &&

@@ -7,8 +7,6 @@
 
 namespace lockstep::models::norm_relu_pool_kernels {
 
-bool avx2_available() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-
 // What follows is compiled for AVX2 and FMA; everything else in lockstep keeps the baseline ISA.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")

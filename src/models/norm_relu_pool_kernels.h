@@ -3,7 +3,7 @@
 #include <cstdint>
 
 // The per-plane loops of Note [BatchNorm, ReLU and the max-pool as one function in training]
-// (norm_relu_pool.cpp), in AVX2 and FMA: call them only where avx2_available() says so. A plane is
+// (norm_relu_pool.cpp), in AVX2 and FMA: call them only where cpu_has_avx2_fma() says so. A plane is
 // one (image, channel)'s (H, W) values, H and W even; its windows are the 2x2 blocks of the
 // max-pool, its outputs and codes (H/2, W/2). A code is the window's winner, 0-3 in row-major order
 // (the first maximum; a NaN wins), or kZeroed where the maximum is <= 0 and ReLU passes no gradient.
@@ -12,9 +12,6 @@
 namespace lockstep::models::norm_relu_pool_kernels {
 
 constexpr uint8_t kZeroed = 4;
-
-// Whether this CPU runs the functions below (AVX2 and FMA).
-bool avx2_available();
 
 // s1 += sum(x - shift), s2 += sum((x - shift)^2) over n values, x - shift in fp32, the sums in fp64.
 template <typename T>

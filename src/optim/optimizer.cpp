@@ -7,6 +7,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "fused_sgd.h"
 #include "lockstep/core/names.h"
 
 namespace lockstep::optim {
@@ -96,7 +97,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tenso
   const std::unique_ptr<torch::optim::OptimizerOptions> o = make_torch_options(options);
   switch (options.kind()) {
     case OptimizerKind::kSGD:
-      return std::make_unique<torch::optim::SGD>(std::move(params), static_cast<const torch::optim::SGDOptions&>(*o));
+      return std::make_unique<FusedSGD>(std::move(params), static_cast<const torch::optim::SGDOptions&>(*o));
     case OptimizerKind::kAdam:
       return std::make_unique<torch::optim::Adam>(std::move(params), static_cast<const torch::optim::AdamOptions&>(*o));
     case OptimizerKind::kAdamW:
