@@ -237,6 +237,43 @@ TEST(DistributedDataParallel, FindUnusedParametersAveragesWhatAnyRankUsed) {
   });
 }
 
+// Each rank's gradient is divided by the group size before the sum, as PyTorch's DDP does: on 2
+// ranks that bit for bit (a / 2 + b / 2, each quotient from torch::div; the sum's order cannot
+// matter), on 3 ranks within fp32 rounding of it (the sum's order is the backend's).
+TEST(DistributedDataParallel, GradientsAreEachRanksDividedByTheGroupSizeThenSummed) {
+  for (const int64_t ranks : {2, 3}) {
+    SCOPED_TRACE(c10::str(ranks, " ranks"));
+    run_ranks(ranks, [&](int64_t rank, dist::ProcessGroup& group) {
+      auto model = std::make_shared<models::MLPImpl>();
+      DistributedDataParallel ddp(model, group);  // rank 0's weights everywhere
+      auto local = std::make_shared<models::MLPImpl>();
+      copy_state(*model, *local);
+      // Every rank's own gradient, computed on this rank too.
+      std::vector<std::vector<torch::Tensor>> each;
+      for (int64_t r = 0; r < ranks; ++r) {
+        const Data d = random_data(4, 100 + static_cast<uint64_t>(r));
+        local->zero_grad();
+        F::cross_entropy(local->forward(d.x), d.y).backward();
+        std::vector<torch::Tensor> grads;
+        for (const auto& p : local->parameters()) grads.push_back(p.grad().clone());
+        each.push_back(std::move(grads));
+      }
+      const Data mine = random_data(4, 100 + static_cast<uint64_t>(rank));
+      F::cross_entropy(ddp.forward(mine.x), mine.y).backward();
+      const auto params = model->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        torch::Tensor want = torch::zeros_like(params[i]);
+        for (int64_t r = 0; r < ranks; ++r) want += torch::div(each[r][i], static_cast<double>(ranks));
+        if (ranks == 2) {
+          EXPECT_TRUE(torch::equal(params[i].grad(), want)) << "parameter " << i << " on rank " << rank;
+        } else {
+          EXPECT_LE((params[i].grad() - want).abs().max().item<double>(), 1e-6) << "parameter " << i;
+        }
+      }
+    });
+  }
+}
+
 TEST(DistributedDataParallel, CompressionHooksStayCloseToFullPrecision) {
   const Data d = random_data(32, 5);
   auto initial = std::make_shared<models::MLPImpl>();
