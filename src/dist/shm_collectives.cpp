@@ -20,11 +20,14 @@
 // slot per rank, and a result slot of that size. Larger tensors go in chunks of a slot.
 //
 // Per chunk, a reduce-scatter then an all-gather through memory, with two steps:
-//   1. every rank copies its chunk into its slot and announces; all wait for all;
-//   2. rank r sums slice r (1/N of the chunk) over the slots, ranks in order (so every rank gets
-//      the same bits and two ranks get exactly Gloo's a + b; 16-bit floats are summed in fp32 and
-//      rounded once), writes it into the result slot and announces; all wait for all; then every
-//      rank copies the whole result out.
+//   1. every rank copies its chunk into its slot, all but its own slice (below), and announces;
+//      all wait for all;
+//   2. rank r sums slice r (1/N of the chunk) over the other ranks' slots and its own tensor, ranks
+//      in order (so every rank gets the same bits and two ranks get exactly Gloo's a + b; 16-bit
+//      floats are summed in fp32 and rounded once), writes it into the result slot and announces;
+//      all wait for all; then every rank copies the whole result out.
+// Reading its own slice from its tensor spares each rank a copy of 1/N of the data (two ranks of
+// mlp-wide: 14.8 of 29.7 MB a step copied in).
 // No slot is overwritten while it is read: a rank refills its slot (step 1 of the next chunk) only
 // after step 2's wait, so everyone has finished summing from it; it writes the result slot (step 2)
 // only after step 1's wait of that chunk, which everyone reaches after copying the last result out.
@@ -191,7 +194,18 @@ void ShmCollectives::run(const Job& job) {
     const int64_t offset = c * per_chunk, n = std::min(per_chunk, numel - offset);
     char* chunk = data + offset * element;
     const auto bytes = static_cast<size_t>(n * element);
-    if (!broadcast || job.root == rank_) std::memcpy(segment_->slot(rank_), chunk, bytes);
+    // Rank r's slice of an all-reduce: n / N elements, the first n % N ranks one more. It sums its
+    // own slice from its own tensor, so that part never goes through its slot.
+    const int64_t base = n / size_, extra = n % size_;
+    const int64_t begin = rank_ * base + std::min(rank_, extra), count = base + (rank_ < extra ? 1 : 0);
+    if (broadcast) {
+      if (job.root == rank_) std::memcpy(segment_->slot(rank_), chunk, bytes);
+    } else {
+      const int64_t end = begin + count;
+      char* slot = segment_->slot(rank_);
+      std::memcpy(slot, chunk, static_cast<size_t>(begin * element));
+      std::memcpy(slot + end * element, chunk + end * element, static_cast<size_t>((n - end) * element));
+    }
     if (c == 0) describe(job);
     announce();
     await_all(job, c, chunks, broadcast ? "its part of the broadcast" : "its input");
@@ -202,20 +216,17 @@ void ShmCollectives::run(const Job& job) {
       await_all(job, c, chunks, "its copy of the root's chunk");
       continue;
     }
-    // Rank r's slice: n / N elements, the first n % N ranks one more.
-    const int64_t base = n / size_, extra = n % size_;
-    const int64_t begin = rank_ * base + std::min(rank_, extra), count = base + (rank_ < extra ? 1 : 0);
-    sum_slice(job, begin, count);
+    sum_slice(job, chunk, begin, count);
     announce();
     await_all(job, c, chunks, "its slice of the sum");
     std::memcpy(chunk, segment_->result(), bytes);
   }
 }
 
-void ShmCollectives::sum_slice(const Job& job, int64_t begin, int64_t count) {
+void ShmCollectives::sum_slice(const Job& job, const char* chunk, int64_t begin, int64_t count) {
   const int64_t element = static_cast<int64_t>(job.tensor.element_size());
   std::vector<const void*> in;
-  for (int64_t r = 0; r < size_; ++r) in.push_back(segment_->slot(r) + begin * element);
+  for (int64_t r = 0; r < size_; ++r) in.push_back((r == rank_ ? chunk : segment_->slot(r)) + begin * element);
   shm::sum_slices(job.tensor.scalar_type(), segment_->result() + begin * element, in, count);
 }
 

@@ -118,7 +118,7 @@ class ShmCollectives {
   // Waits until every rank has announced as many steps as this one; `step` says what they bring.
   void await_all(const Job& job, int64_t chunk, int64_t chunks, const char* step);
   void check_shapes(const Job& job);
-  void sum_slice(const Job& job, int64_t begin, int64_t count);
+  void sum_slice(const Job& job, const char* chunk, int64_t begin, int64_t count);
   void abandon();
 
   std::unique_ptr<ShmSegment> segment_;
