@@ -56,7 +56,9 @@ struct OptimizerOptions {
 // validated first: what make_optimizer gives its group, and what a loaded state's groups become.
 std::unique_ptr<torch::optim::OptimizerOptions> make_torch_options(const OptimizerOptions& options);
 
-// A LibTorch optimizer over `params` (one parameter group) with `options`, validated first.
+// A LibTorch optimizer over `params` (one parameter group) with `options`, validated first. SGD is
+// a torch::optim::SGD whose step() updates each fp32 parameter in one pass (Note [SGD in one pass],
+// src/optim/fused_sgd.h): LibTorch's values, options, state and serialisation.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tensor> params,
                                                         const OptimizerOptions& options);
 
