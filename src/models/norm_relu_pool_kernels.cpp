@@ -162,9 +162,10 @@ void grad_chunk(const T* r0, const T* r1, int64_t windows, __m256 mean, __m256 a
   load_windows(r0, r1, windows, v);
   alignas(32) T g8[kLanes] = {};
   alignas(8) uint8_t c8[kLanes] = {kZeroed, kZeroed, kZeroed, kZeroed, kZeroed, kZeroed, kZeroed, kZeroed};
-  if (windows < kLanes) {
-    g = std::copy(g, g + windows, g8) - windows;
-    code = std::copy(code, code + windows, c8) - windows;
+  if (windows < kLanes) {  // their g and codes, padded
+    std::copy(g, g + windows, g8);
+    std::copy(code, code + windows, c8);
+    g = g8, code = c8;
   }
   const __m256i codes = load_codes(code);
   const __m256 gs = _mm256_mul_ps(scale, load8(g));

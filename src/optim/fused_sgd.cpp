@@ -1,6 +1,7 @@
 #include "fused_sgd.h"
 
 #include <immintrin.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 
@@ -73,6 +74,9 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
       if (fused) {
         sgd_update(p.data_ptr<float>(), grad.data_ptr<float>(), o.momentum() != 0 ? buf.data_ptr<float>() : nullptr,
                    p.numel(), h);
+        // Written in place as add_ would: a graph that saved p (or buf) notices, as with LibTorch's.
+        torch::autograd::impl::bump_version(p);
+        if (o.momentum() != 0) torch::autograd::impl::bump_version(buf);
         continue;
       }
       // LibTorch's operators, in LibTorch's order.

@@ -20,7 +20,8 @@ double worst(const torch::Tensor& got, const torch::Tensor& want) {
 // Against LibTorch's SGD, step for step: every parameter and momentum buffer after each of four
 // steps (the first creates the buffers) within 1e-6. The parameters: sizes around the kernel's
 // eight lanes (1, 7, 8, 19 and 1000 elements), a transposed (non-contiguous) one and an fp64 one
-// (both on LibTorch's operators), and one without a gradient (left alone).
+// (both on LibTorch's operators), and one without a gradient (left alone). Each updated parameter's
+// version counter moves, as an in-place add_ moves it.
 TEST(FusedSGD, StepsAsLibTorchsSGDDoes) {
   struct Case {
     std::string name;
@@ -52,10 +53,14 @@ TEST(FusedSGD, StepsAsLibTorchsSGDDoes) {
         a[i].mutable_grad() = g.clone();
         b[i].mutable_grad() = g.clone();
       }
+      std::vector<int64_t> versions;
+      for (const auto& p : b) versions.push_back(p._version());
       theirs.step();
       ours.step();
       for (size_t i = 0; i < init.size(); ++i) {
         EXPECT_LE(worst(b[i], a[i]), 1e-6) << "parameter " << i << ", step " << step;
+        // Written in place as LibTorch's add_ writes: a graph that saved the parameter notices.
+        if (i + 1 < init.size()) EXPECT_GT(b[i]._version(), versions[i]) << "parameter " << i;
         const auto& theirs_state = theirs.state();
         const auto& ours_state = ours.state();
         const std::string key_a = c10::guts::to_string(a[i].unsafeGetTensorImpl());
