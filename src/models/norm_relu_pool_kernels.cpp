@@ -160,11 +160,11 @@ void grad_chunk(const T* r0, const T* r1, int64_t windows, __m256 mean, __m256 a
                 const uint8_t* code, __m256 scale, T* out0, T* out1) {
   __m256 v[4];
   load_windows(r0, r1, windows, v);
-  alignas(32) T g8[kLanes] = {};
-  alignas(8) uint8_t c8[kLanes] = {kZeroed, kZeroed, kZeroed, kZeroed, kZeroed, kZeroed, kZeroed, kZeroed};
-  if (windows < kLanes) {  // their g and codes, padded
-    std::copy(g, g + windows, g8);
-    std::copy(code, code + windows, c8);
+  alignas(32) T g8[kLanes];
+  alignas(8) uint8_t c8[kLanes];
+  if (windows < kLanes) {  // their g and codes, padded (whole chunks read theirs in place)
+    std::fill(std::copy(g, g + windows, g8), g8 + kLanes, T(0));
+    std::fill(std::copy(code, code + windows, c8), c8 + kLanes, kZeroed);
     g = g8, code = c8;
   }
   const __m256i codes = load_codes(code);
