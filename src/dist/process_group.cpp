@@ -158,8 +158,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::start_all_reduce(torch::Tensor& ten
   return backend_->allreduce(ts, o);
 }
 
-void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op, const char* what) {
-  wait(start_all_reduce(tensor, op, /*waits_next=*/true), what);
+void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  wait(start_all_reduce(tensor, op, /*waits_next=*/true), "all_reduce");
   if (op == ReduceOp::kMean) tensor.div_(size_);
 }
 

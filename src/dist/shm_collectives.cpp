@@ -37,8 +37,7 @@
 //
 // An announcement is a per-rank counter (a lock-free std::atomic<uint32_t>, which is what futex
 // needs) raised by one. A waiter spins briefly (two cores are shared by all ranks: a long spin
-// steals the core of the rank it waits for; but see Note [Spinning on a core of one's own]), then
-// sleeps in FUTEX_WAIT on the shared word (not the
+// steals the core of the rank it waits for), then sleeps in FUTEX_WAIT on the shared word (not the
 // _PRIVATE variant: the word is in another process's mapping too); a rank that announces calls
 // FUTEX_WAKE only when someone registered as sleeping on its counter. Every wait ends by the
 // collective's deadline (issue time + the group's timeout) and names the ranks that did not
@@ -53,11 +52,9 @@
 // bytes_sent() keeps counting the ring model (Note [Counting bytes on the wire]).
 #include "shm_collectives.h"
 
-#include <ATen/Parallel.h>
 #include <c10/util/StringUtil.h>
 #include <linux/futex.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -76,7 +73,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kSpins = 128;  // a few microseconds of pause before sleeping
-constexpr auto kCallerSpin = std::chrono::milliseconds(3);  // see Note [Spinning on a core of one's own]
 constexpr auto kPoll = std::chrono::milliseconds(100);  // how often a sleeper checks for exited ranks
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
@@ -104,9 +100,7 @@ std::unique_ptr<ShmCollectives> ShmCollectives::create(c10d::Store& store, int64
 
 ShmCollectives::ShmCollectives(std::unique_ptr<ShmSegment> segment, int64_t rank, int64_t size,
                                std::chrono::milliseconds timeout)
-    : segment_(std::move(segment)), rank_(rank), size_(size), timeout_(timeout), cpus_(0) {
-  cpu_set_t allowed;
-  if (::sched_getaffinity(0, sizeof(allowed), &allowed) == 0) cpus_ = CPU_COUNT(&allowed);
+    : segment_(std::move(segment)), rank_(rank), size_(size), timeout_(timeout) {
   worker_ = std::thread([this] { work_loop(); });
 }
 
@@ -157,28 +151,12 @@ c10::intrusive_ptr<c10d::Work> ShmCollectives::enqueue(Job job, c10d::OpType typ
   job.work = c10::make_intrusive<QueuedWork>(static_cast<int>(rank_), type, job.deadline);
   c10::intrusive_ptr<c10d::Work> work = job.work;
   if (when == When::kNowIfIdle && jobs_.try_claim(job, &Job::seq)) {
-    job.on_caller = true;
     execute(std::move(job));
     jobs_.release();
     return work;
   }
   jobs_.push(std::move(job), &Job::seq);
   return work;
-}
-
-// Note [Spinning on a core of one's own]
-// When every compute thread of every rank on this host has a CPU to itself (ranks here times this
-// rank's intra-op threads <= the CPUs this process may run on), a collective run on the calling
-// thread waits on the core its own compute would otherwise use: spinning there takes nothing from
-// the ranks it waits for, while sleeping puts a wake-up on the step's critical path (the futex,
-// the scheduler, and the idle CPU's exit, which in a virtual machine is an interrupt to the host).
-// Such a caller spins up to kCallerSpin before it sleeps: ranks reach a collective a fraction of a
-// millisecond apart, as their step times vary. The worker never spins long (it runs beside its
-// rank's compute), and neither does anyone on an oversubscribed host. Measured in
-// docs/benchmarks.md (convnet DDP, 2 ranks on 2 cores).
-std::chrono::nanoseconds ShmCollectives::spin_for(const Job& job) const {
-  if (!job.on_caller || size_ * at::get_num_threads() > cpus_) return std::chrono::nanoseconds(0);
-  return kCallerSpin;
 }
 
 void ShmCollectives::work_loop() {
@@ -278,15 +256,9 @@ void ShmCollectives::await_all(const Job& job, int64_t chunk, int64_t chunks, co
                 " of ", size_, ": ", late.size() == 1 ? "rank " : "ranks ", c10::Join(", ", late),
                 " did not arrive with ", step, " ", why, " (", last_seen, ")");
   };
-  const auto spin = spin_for(job);
   for (int64_t q = 0; q < size_; ++q) {
     ShmRankLine& line = segment_->line(q);
     if (q == rank_ || reached(line.stage.load(std::memory_order_acquire), stage_)) continue;
-    if (spin.count() > 0) {
-      const auto until = std::min<Clock::time_point>(Clock::now() + spin, job.deadline);
-      while (!reached(line.stage.load(std::memory_order_acquire), stage_) && Clock::now() < until)
-        for (int i = 0; i < 16; ++i) cpu_relax();
-    }
     for (int i = 0; i < kSpins && !reached(line.stage.load(std::memory_order_acquire), stage_); ++i) cpu_relax();
     line.waiters.fetch_add(1, std::memory_order_seq_cst);
     struct Leave {

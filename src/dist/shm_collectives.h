@@ -102,7 +102,6 @@ class ShmCollectives {
     int64_t root = -1;  // a broadcast's source rank
     c10::intrusive_ptr<QueuedWork> work;
     uint64_t seq = 0;
-    bool on_caller = false;  // run by the thread that waits for it (Note [Collectives on the calling thread])
     std::chrono::steady_clock::time_point deadline;
     const char* name() const { return name_of(kind); }
   };
@@ -118,8 +117,6 @@ class ShmCollectives {
   void announce();
   // Waits until every rank has announced as many steps as this one; `step` says what they bring.
   void await_all(const Job& job, int64_t chunk, int64_t chunks, const char* step);
-  // How long a wait in `job` spins before it sleeps (Note [Spinning on a core of one's own]).
-  std::chrono::nanoseconds spin_for(const Job& job) const;
   void check_shapes(const Job& job);
   void sum_slice(const Job& job, const char* chunk, int64_t begin, int64_t count);
   void abandon();
@@ -128,7 +125,6 @@ class ShmCollectives {
   int64_t rank_;
   int64_t size_;
   std::chrono::milliseconds timeout_;
-  int64_t cpus_;  // this process may run on (sched_getaffinity)
   uint32_t stage_ = 0;  // steps this rank has announced (two per chunk); wraps
   std::string failure_;  // the first failed collective's error: later ones fail with it
   std::atomic<bool> aborting_{false};

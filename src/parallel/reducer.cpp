@@ -156,21 +156,17 @@ void Reducer::mark_ready(int64_t index, bool used) {
 }
 
 void Reducer::launch_ready_buckets() {
-  // The last bucket waits for finalize() (Note [Gradient buckets]).
-  while (next_bucket_ + 1 < buckets_.size() && buckets_[next_bucket_].pending == 0) launch(next_bucket_++, false);
-}
-
-void Reducer::launch(size_t index, bool now) {
-  Bucket& b = buckets_[index];
-  stats_.hooks_before_launch[index] = hooks_;
-  const auto dtype = wire_dtype(options_.comm_hook, b.flat.scalar_type());
-  b.wire = dtype == b.flat.scalar_type() ? b.flat : b.flat.to(dtype);
-  if (dtype == torch::kBFloat16) {
-    b.work = group_.all_gather_async(b.wire.view(torch::kHalf), b.gathered);
-  } else if (now) {
-    group_.all_reduce(b.wire, dist::ReduceOp::kSum, "DDP gradient all-reduce");
-  } else {
-    b.work = group_.all_reduce_async(b.wire);
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& b = buckets_[next_bucket_];
+    stats_.hooks_before_launch[next_bucket_] = hooks_;
+    const auto dtype = wire_dtype(options_.comm_hook, b.flat.scalar_type());
+    b.wire = dtype == b.flat.scalar_type() ? b.flat : b.flat.to(dtype);
+    if (dtype == torch::kBFloat16) {
+      b.work = group_.all_gather_async(b.wire.view(torch::kHalf), b.gathered);
+    } else {
+      b.work = group_.all_reduce_async(b.wire);
+    }
+    ++next_bucket_;
   }
 }
 
@@ -189,7 +185,7 @@ void Reducer::finalize() {
   if (!missing.empty()) {
     const auto rank = group_.rank();
     for (Bucket& b : buckets_)
-      if (b.work) group_.wait(b.work, "DDP gradient all-reduce");  // the last bucket was never started
+      if (b.work) group_.wait(b.work, "DDP gradient all-reduce");
     reset();
     TORCH_CHECK(false, "rank ", rank, ": DistributedDataParallel got no gradient for parameter(s) ",
                 c10::Join(", ", missing), " in this backward, so their buckets cannot be reduced. ",
@@ -202,10 +198,8 @@ void Reducer::finalize() {
     group_.all_reduce(used);  // a parameter unused on every rank keeps its .grad untouched
   }
   const int32_t* used_by = used.defined() ? used.data_ptr<int32_t>() : nullptr;
-  TORCH_INTERNAL_ASSERT(next_bucket_ + 1 == buckets_.size() && buckets_.back().pending == 0);
-  launch(next_bucket_++, /*now=*/true);
   for (Bucket& b : buckets_) {
-    if (b.work) group_.wait(b.work, "DDP gradient all-reduce");
+    group_.wait(b.work, "DDP gradient all-reduce");
     if (!b.gathered.empty()) {
       b.flat.zero_();
       for (const auto& words : b.gathered) b.flat.add_(words.view(torch::kBFloat16).to(b.flat.scalar_type()));

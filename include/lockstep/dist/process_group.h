@@ -99,8 +99,8 @@ class ProcessGroup {
     return hierarchical_ ? AllReduceAlgorithm::kHierarchical : AllReduceAlgorithm::kFlat;
   }
 
-  // In place, on every rank. kMean divides the sum by size(). `what` names it in a failure.
-  void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum, const char* what = "all_reduce");
+  // In place, on every rank. kMean divides the sum by size().
+  void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   // Starts a sum all-reduce and returns at once; wait() on the result. For overlap (DDP). Like
   // every collective, every rank issues the same ones in the same order.
   c10::intrusive_ptr<c10d::Work> all_reduce_async(torch::Tensor& tensor);

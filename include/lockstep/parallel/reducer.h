@@ -44,11 +44,6 @@ struct ReducerStats {
 // index order, so every rank issues the same collectives in the same order. A callback queued on
 // the autograd engine runs when backward ends: it waits for every bucket, averages, and copies the
 // result back into each parameter's .grad, so optimizer.step() sees averaged gradients.
-// The last bucket holds the first layers, whose gradients come last: it is ready only as backward
-// ends, and the callback waits for it next. So the callback all-reduces it itself, on the calling
-// thread when the group's worker is idle (Note [Collectives on the calling thread]), rather than
-// handing it to the worker and sleeping until the worker hands it back: two wake-ups fewer on the
-// step's critical path. An all-gather (the bf16 hook) still goes through the worker.
 //
 // Note [Gradients as bucket views]
 // With gradient_as_bucket_view (PyTorch's option of the same name) a parameter's .grad becomes a
@@ -93,8 +88,6 @@ class Reducer {
   void on_gradient(int64_t index);
   void mark_ready(int64_t index, bool used);
   void launch_ready_buckets();
-  // Starts bucket `index`'s collective; `now`: the caller waits for it next (see Note [Gradient buckets]).
-  void launch(size_t index, bool now);
   void finalize();
   void reset();
 
