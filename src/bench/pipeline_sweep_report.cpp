@@ -112,7 +112,7 @@ std::string time_per_step_chart_svg(const PipelineSweepResults& b) {
   const PipelineSweepRow* one = find_row(b, "one process");
   std::vector<log::LineSeries> series;
   double max_m = 1;
-  for (const std::string& schedule : {"gpipe", "1f1b"}) {
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
     log::LineSeries s{schedule + " pipeline (K=" + std::to_string(b.stages) + ")", {}, {}};
     if (plain) s.x.push_back(1), s.y.push_back(plain->step_s * 1000.0);  // M = 1 is plain model parallel
     for (const auto& r : b.rows)
@@ -134,7 +134,7 @@ std::string idle_chart_svg(const PipelineSweepResults& b) {
   for (const auto& r : b.rows)
     if (r.ranks > 1 && r.schedule != "1f1b") formula.x.push_back(static_cast<double>(r.micro_batches)), formula.y.push_back(100.0 * r.bubble);
   series.push_back(std::move(formula));
-  for (const std::string& schedule : {"gpipe", "1f1b"})
+  for (const std::string schedule : {"gpipe", "1f1b"})
     for (int64_t stage = 0; stage < b.stages; ++stage) {
       log::LineSeries s{schedule + " stage " + std::to_string(stage), {}, {}};
       for (const auto& r : b.rows)

@@ -167,8 +167,8 @@ std::vector<int64_t> request_shape(const ModelConfig& config, const TensorSpec& 
 
 ModelConfig default_model_config(const std::string& architecture, int64_t instance_count) {
   models::check_model_name(architecture);
-  TORCH_CHECK_VALUE(instance_count >= 1 && instance_count <= kMaxInstances, "--instances ", instance_count,
-                    " must be between 1 and ", kMaxInstances);
+  TORCH_CHECK_VALUE(instance_count >= 1 && instance_count <= kMaxInstances, "instance_count ", instance_count,
+                    ": a model has between 1 and ", kMaxInstances, " instances");
   ModelConfig c;
   c.name = architecture;
   c.architecture = architecture;

@@ -149,7 +149,7 @@ const ServedVersion* ServedModel::find_version(const std::string& version) const
 }
 
 std::unique_ptr<ModelRepository> ModelRepository::load(const std::string& directory, RepositoryOptions options) {
-  TORCH_CHECK_VALUE(fs::is_directory(directory), "--model-repository '", directory,
+  TORCH_CHECK_VALUE(fs::is_directory(directory), "model repository '", directory,
                     "' is not a directory; it holds one directory per model, each with config.pbtxt");
   std::vector<fs::path> dirs;
   for (const auto& entry : fs::directory_iterator(directory))

@@ -48,12 +48,13 @@ http::HttpServerOptions http_options(const ServerOptions& o, int port, size_t th
 }
 
 // Binds; a port that is taken is named with its flag.
-std::unique_ptr<http::HttpServer> listen(http::Handler handler, http::HttpServerOptions options, const char* flag) {
+// `what`: "the HTTP port" or "the metrics port".
+std::unique_ptr<http::HttpServer> listen(http::Handler handler, http::HttpServerOptions options, const char* what) {
   try {
     return std::make_unique<http::HttpServer>(std::move(handler), options);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, e.what_without_backtrace(), " (", flag, "): the port is taken or the address is not this ",
-                "machine's; pick another ", flag, " (0: any free port)");
+    TORCH_CHECK(false, e.what_without_backtrace(), " (", what, "): the port is taken or the address is not this ",
+                "machine's; pick another port (0: any free port)");
   }
 }
 
@@ -81,22 +82,26 @@ struct Server::Impl {
 Server::Server(ModelRepository& repository, ServerOptions options)
     : impl_(std::make_unique<Impl>(repository, std::move(options))) {
   const ServerOptions& o = impl_->options;
-  TORCH_CHECK_VALUE(o.http_thread_count() >= 1, "--http-thread-count ", o.http_thread_count(), " must be at least 1");
+  TORCH_CHECK_VALUE(o.http_thread_count() >= 1, "ServerOptions::http_thread_count ", o.http_thread_count(),
+                    " must be at least 1");
   TORCH_CHECK_VALUE(o.max_connections() >= 1, "ServerOptions::max_connections ", o.max_connections(),
                     " must be at least 1");
-  TORCH_CHECK_VALUE(o.max_input_bytes() >= 1, "--http-max-input-size ", o.max_input_bytes(), " must be at least 1");
-  TORCH_CHECK_VALUE(o.exit_timeout_s() >= 0, "--exit-timeout ", o.exit_timeout_s(), " must not be negative");
-  TORCH_CHECK_VALUE(!o.allow_metrics() || o.http_port() == 0 || o.http_port() != o.metrics_port(), "--http-port and ",
-                    "--metrics-port are both ", o.http_port(), ": give the metrics a port of their own (0: any free port)");
+  TORCH_CHECK_VALUE(o.max_input_bytes() >= 1, "ServerOptions::max_input_bytes ", o.max_input_bytes(),
+                    " must be at least 1");
+  TORCH_CHECK_VALUE(o.exit_timeout_s() >= 0, "ServerOptions::exit_timeout_s ", o.exit_timeout_s(),
+                    " must not be negative");
+  TORCH_CHECK_VALUE(!o.allow_metrics() || o.http_port() == 0 || o.http_port() != o.metrics_port(),
+                    "ServerOptions::http_port and metrics_port are both ", o.http_port(),
+                    ": give the metrics a port of their own (0: any free port)");
   impl_->state.strict_readiness = o.strict_readiness();
   impl_->state.auth_token = o.auth_token();
   impl_->state.verbose_errors = o.verbose_errors();
   impl_->http = listen(inference_handler(impl_->state),
-                       http_options(o, o.http_port(), static_cast<size_t>(o.http_thread_count())), "--http-port");
+                       http_options(o, o.http_port(), static_cast<size_t>(o.http_thread_count())), "the HTTP port");
   http_port_ = impl_->http->port();
   if (o.allow_metrics()) {
     impl_->metrics = listen(metrics_handler(repository, o.auth_token()),
-                            http_options(o, o.metrics_port(), kMetricsThreads), "--metrics-port");
+                            http_options(o, o.metrics_port(), kMetricsThreads), "the metrics port");
     metrics_port_ = impl_->metrics->port();
   }
 }
@@ -111,14 +116,14 @@ void Server::stop() {
   const double timeout = impl_->options.exit_timeout_s();
   if (impl_->log != nullptr)
     *impl_->log << "lockstep serve: shutting down: refusing new connections, finishing the requests in flight "
-                << "(--exit-timeout " << timeout << " s)" << std::endl;
+                << "(exit timeout " << timeout << " s)" << std::endl;
   // See Note [Graceful shutdown].
   impl_->watchdog = std::thread([this, timeout] {
     std::unique_lock<std::mutex> lock(impl_->mutex);
     const auto limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout));
     if (impl_->finished_cv.wait_for(lock, limit, [this] { return impl_->finished; })) return;
     if (impl_->log != nullptr)
-      *impl_->log << "lockstep serve: requests still in flight after --exit-timeout " << timeout
+      *impl_->log << "lockstep serve: requests still in flight after the exit timeout of " << timeout
                   << " s; exiting without them" << std::endl;
     std::_Exit(1);
   });

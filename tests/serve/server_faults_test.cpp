@@ -142,7 +142,7 @@ TEST_F(ServeFaultsTest, APortAlreadyServedIsRefusedNamingTheFlag) {
                                            " --metrics-port 0");
   EXPECT_EQ(second.exit_code, 1) << second.output;  // not 124: it did not serve on
   EXPECT_THAT(second.output, HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(first.port()) +
-                                       ": Address already in use (--http-port)"));
+                                       ": Address already in use (the HTTP port)"));
   const int port = testing::free_port_pair();
   const auto same = testing::run_command("timeout 30 " + serve + "--http-port " + std::to_string(port) +
                                          " --metrics-port " + std::to_string(port));
@@ -220,7 +220,7 @@ TEST_F(ServeFaultsTest, ExitTimeoutEndsTheServerWhenRequestsDoNotFinishInTime) {
   const testing::HttpReply reply = client.get();
   ASSERT_TRUE(exit_code.has_value());
   EXPECT_EQ(*exit_code, 1);
-  EXPECT_THAT(server.log(), HasSubstr("requests still in flight after --exit-timeout 0.5 s"));
+  EXPECT_THAT(server.log(), HasSubstr("requests still in flight after the exit timeout of 0.5 s"));
   EXPECT_NE(reply.status, 200);
 }
 

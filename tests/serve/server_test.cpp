@@ -9,6 +9,9 @@
 #include "lockstep/data/dataset.h"
 #include "lockstep/export/weights_file.h"
 #include "lockstep/infer/predictor.h"
+#include "lockstep/serve/model_config.h"
+#include "lockstep/serve/model_repository.h"
+#include "lockstep/serve/server.h"
 #include "serve_process.h"
 
 namespace lockstep {
@@ -179,6 +182,33 @@ TEST_F(ServeTest, ConcurrentRequestsAreMergedIntoFewerForwards) {
   EXPECT_EQ(testing::metric_value(metrics, "nv_inference_exec_count"), stats["execution_count"]);
   EXPECT_EQ(testing::metric_value(metrics, "nv_inference_request_success"), kRequests);
   EXPECT_THAT(metrics, HasSubstr("# TYPE lockstep_batch_size histogram"));
+}
+
+// The library's own checks name its options, not `lockstep serve`'s flags: a program that builds a
+// serve::Server never passed a flag (the CLI checks its flags itself first).
+TEST_F(ServeTest, LibraryErrorsNameTheOptionsNotTheCliFlags) {
+  const auto repo = serve::ModelRepository::single(serve::default_model_config("convnet"), weights(),
+                                                   serve::RepositoryOptions().threads(1));
+  const auto refused = [&](const serve::ServerOptions& o) {
+    return testing::error_message([&] { serve::Server server(*repo, o); });
+  };
+  const auto base = serve::ServerOptions().http_address("127.0.0.1").http_port(0).metrics_port(0);
+  const std::string missing = scratch_ / "none";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {refused(serve::ServerOptions(base).http_thread_count(0)), "ServerOptions::http_thread_count 0 must be at least 1"},
+      {refused(serve::ServerOptions(base).max_input_bytes(0)), "ServerOptions::max_input_bytes 0 must be at least 1"},
+      {refused(serve::ServerOptions(base).exit_timeout_s(-1)), "ServerOptions::exit_timeout_s -1 must not be negative"},
+      {refused(serve::ServerOptions(base).http_port(8123).metrics_port(8123)),
+       "ServerOptions::http_port and metrics_port are both 8123"},
+      {testing::error_message([] { serve::default_model_config("convnet", 0); }),
+       "instance_count 0: a model has between 1 and 64 instances"},
+      {testing::error_message([&] { serve::ModelRepository::load(missing); }),
+       "model repository '" + missing + "' is not a directory"},
+  };
+  for (const auto& [message, expected] : cases) {
+    EXPECT_THAT(message, HasSubstr(expected));
+    EXPECT_THAT(message, ::testing::Not(HasSubstr("--"))) << message;
+  }
 }
 
 }  // namespace
