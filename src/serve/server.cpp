@@ -47,8 +47,7 @@ http::HttpServerOptions http_options(const ServerOptions& o, int port, size_t th
   return h;
 }
 
-// Binds; a port that is taken is named with its flag.
-// `what`: "the HTTP port" or "the metrics port".
+// Binds; a port that is taken is named as `what`: "the HTTP port" or "the metrics port".
 std::unique_ptr<http::HttpServer> listen(http::Handler handler, http::HttpServerOptions options, const char* what) {
   try {
     return std::make_unique<http::HttpServer>(std::move(handler), options);

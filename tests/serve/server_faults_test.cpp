@@ -133,7 +133,7 @@ INSTANTIATE_TEST_SUITE_P(Signals, ServeShutdownSignal, ::testing::Values(SIGTERM
 
 // A port one server listens on is refused to a second one, and one server cannot take the same port
 // twice, instead of the kernel splitting the requests between the two.
-TEST_F(ServeFaultsTest, APortAlreadyServedIsRefusedNamingTheFlag) {
+TEST_F(ServeFaultsTest, APortAlreadyServedIsRefusedNamingWhichPort) {
   testing::ServeProcess first({"--model", "convnet", "--weights", weights(), "--threads", "1"}, scratch_ / "log");
   ASSERT_TRUE(first.wait_ready()) << first.log();
   const std::string serve = std::string(LOCKSTEP_CLI) + " serve --model convnet --weights " + weights() +
