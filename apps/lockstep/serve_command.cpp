@@ -82,8 +82,9 @@ int run_serve(const ServeArgs& a) {
                     "pass either --model-repository DIR or --model NAME --weights FILE (not both)");
   TORCH_CHECK_VALUE(a.model.empty() || !a.weights.empty(), "--model ", a.model, " needs --weights FILE");
   TORCH_CHECK_VALUE(a.weights.empty() || !a.model.empty(), "--weights needs --model NAME");
-  TORCH_CHECK_VALUE(!a.allow_metrics || a.http_port == 0 || a.http_port != a.metrics_port, "--http-port and ",
-                    "--metrics-port are both ", a.http_port, ": give the metrics a port of their own (0: any free port)");
+  TORCH_CHECK_VALUE(!a.allow_metrics || a.http_port == 0 || a.http_port != a.metrics_port,
+                    "--http-port and --metrics-port are both ", a.http_port,
+                    ": give the metrics a port of their own (0: any free port)");
   serve::block_shutdown_signals();  // before any thread starts: see block_shutdown_signals
   const auto repo_options = serve::RepositoryOptions().threads(a.threads);
   std::unique_ptr<serve::ModelRepository> repo;

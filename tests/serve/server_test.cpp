@@ -195,7 +195,8 @@ TEST_F(ServeTest, LibraryErrorsNameTheOptionsNotTheCliFlags) {
   const auto base = serve::ServerOptions().http_address("127.0.0.1").http_port(0).metrics_port(0);
   const std::string missing = scratch_ / "none";
   const std::vector<std::pair<std::string, std::string>> cases{
-      {refused(serve::ServerOptions(base).http_thread_count(0)), "ServerOptions::http_thread_count 0 must be at least 1"},
+      {refused(serve::ServerOptions(base).http_thread_count(0)),
+       "ServerOptions::http_thread_count 0 must be at least 1"},
       {refused(serve::ServerOptions(base).max_input_bytes(0)), "ServerOptions::max_input_bytes 0 must be at least 1"},
       {refused(serve::ServerOptions(base).exit_timeout_s(-1)), "ServerOptions::exit_timeout_s -1 must not be negative"},
       {refused(serve::ServerOptions(base).http_port(8123).metrics_port(8123)),
