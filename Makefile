@@ -2,6 +2,12 @@
 BUILD_DIR ?= build
 JOBS ?= 2
 
+# The LibTorch to build against: the torch wheel in the project's venv (scripts/bootstrap installs
+# it), or any LibTorch 2.11+ named here: `make test LIBTORCH=/opt/libtorch` (an unzipped pytorch.org
+# libtorch/, or another wheel's torch.utils.cmake_prefix_path).
+VENV ?= .venv
+LIBTORCH ?= $(shell $(VENV)/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+
 FUZZ_BUILD_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS ?= idx state_dict checkpoint tfevents_round_trip tfevents_reader zip_checksum http_request model_config \
@@ -10,7 +16,7 @@ FUZZ_TARGETS ?= idx state_dict checkpoint tfevents_round_trip tfevents_reader zi
 .PHONY: build configure demo test fuzz clean
 
 configure:
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(LIBTORCH)" -DLOCKSTEP_PYTHON="$(abspath $(VENV))/bin/python"
 
 # Everything: the library, the CLI, the examples and the test suite.
 build: configure
@@ -34,7 +40,8 @@ test:
 # target for FUZZ_SECONDS, one after another.
 fuzz:
 	scripts/bootstrap --fuzz
-	cmake -S . -B $(FUZZ_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DLOCKSTEP_FUZZ=ON
+	cmake -S . -B $(FUZZ_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DLOCKSTEP_FUZZ=ON \
+	      -DCMAKE_PREFIX_PATH="$(LIBTORCH)"
 	cmake --build $(FUZZ_BUILD_DIR) -j$(JOBS)
 	fuzz/run $(FUZZ_BUILD_DIR) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 LOCKSTEP=${LOCKSTEP:-build/lockstep}
 RUNS=${RUNS:-5}
-PY=/usr/bin/python3
+PY=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
 
 # name | ranks | flags
 CONFIGS=(

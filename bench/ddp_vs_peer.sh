@@ -13,7 +13,9 @@
 # BOUND=1 adds the ceiling this machine puts on scaling: two independent single processes (each with
 # half the samples, no communication) started together, their samples/s summed. 2 ranks can at best
 # reach it; bound / single is what sharing the cores' caches and memory bandwidth leaves of 2x.
-# Usage: bench/ddp_vs_peer.sh [RUNS=5] [CASES...]   (after make build; needs python3-torch)
+# COMPILE=1 adds the peer with torch.compile (bench/fmnist_ddp.py --compile; its compiling step untimed).
+# PEER_BEFORE=PYTHON adds the peer run by another Python (/usr/bin/python3: Debian's torch 1.13).
+# Usage: bench/ddp_vs_peer.sh [RUNS=5] [CASES...]   (after make build; the peer runs on $PEER_PY, default the venv's python)
 #   default cases: convnet:fp32:60000:100 convnet:bf16:60000:100 mlp-wide:fp32:12000:32 mlp-wide:bf16:12000:32
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,9 +23,9 @@ runs=${1:-5}; shift || true
 cases=("$@")
 [[ ${#cases[@]} -gt 0 ]] || cases=(convnet:fp32:60000:100 convnet:bf16:60000:100 mlp-wide:fp32:12000:32 mlp-wide:bf16:12000:32)
 ranks=2; lr=0.05
-peer=${PEER_DIR:-../shared/peer}
-[[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null ||
-  { echo "needs Debian's python3-torch (apt-get install python3-torch)" >&2; exit 1; }
+peer=${PEER_DIR:-bench}   # bench/fmnist_ddp.py: shared/peer's, with --compile
+export PEER_PY=${PEER_PY:-$PWD/.venv/bin/python}
+"$PEER_PY" -c 'import torch' 2>/dev/null || { echo "needs $PEER_PY with torch (scripts/bootstrap --test)" >&2; exit 1; }
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 field() { sed -n "s/.*\"$1\": *\([0-9.]*\).*/\1/p"; }
@@ -52,7 +54,7 @@ for c in "${cases[@]}"; do
     bf16) ours_amp=(--precision bf16); peer_amp=(--amp) ;;
     *) echo "case '$c': PRECISION must be fp32 or bf16, not '$precision'" >&2; exit 2 ;;
   esac
-  two=(); peer2=(); one=(); prof=(); before=(); rss=(); peer_rss=(); bound=()
+  two=(); peer2=(); one=(); prof=(); before=(); rss=(); peer_rss=(); bound=(); compiled=(); peer_before=()
   for ((i = 1; i <= runs; i++)); do
     if [[ -n ${BEFORE:-} ]]; then
       b=$(ours_run "$BEFORE" $ranks "$model" "$limit" "$batch" "${ours_amp[@]}"); echo "$c before   run $i: $b"
@@ -64,6 +66,18 @@ for c in "${cases[@]}"; do
     p=$(cd "$peer" && OMP_NUM_THREADS=1 N=$ranks PORT=$port ./run_ddp.sh --model "$model" --epochs 1 --limit "$limit" \
           --batch "$batch" --lr $lr "${peer_amp[@]}")
     echo "$c peer     run $i: $p"
+    if [[ -n ${COMPILE:-} ]]; then
+      port=$((port + 1))
+      q=$(cd "$peer" && OMP_NUM_THREADS=1 N=$ranks PORT=$port ./run_ddp.sh --model "$model" --epochs 1 --limit "$limit" \
+            --batch "$batch" --lr $lr "${peer_amp[@]}" --compile)
+      echo "$c compiled run $i: $q"; compiled+=("$(field samples_per_s <<<"$q")")
+    fi
+    if [[ -n ${PEER_BEFORE:-} ]]; then
+      port=$((port + 1))
+      q=$(cd "$peer" && OMP_NUM_THREADS=1 N=$ranks PORT=$port PEER_PY=$PEER_BEFORE ./run_ddp.sh --model "$model" \
+            --epochs 1 --limit "$limit" --batch "$batch" --lr $lr "${peer_amp[@]}")
+      echo "$c peer-before run $i: $q"; peer_before+=("$(field samples_per_s <<<"$q")")
+    fi
     s=$(ours_run build/lockstep 1 "$model" "$limit" "$batch" "${ours_amp[@]}")
     echo "$c single   run $i: $s"
     two+=("$(field samples_per_s <<<"$o")"); peer2+=("$(field samples_per_s <<<"$p")")
@@ -92,6 +106,14 @@ for c in "${cases[@]}"; do
   if [[ -n ${BOUND:-} ]]; then
     mu=$(printf '%s\n' "${bound[@]}" | median)
     extra+="$c: two independent processes $mu samples/s: bound/single $(ratio "$mu" "$m1")x, 2 ranks reach $(ratio "$m2" "$mu")x of it"$'\n'
+  fi
+  if [[ -n ${COMPILE:-} ]]; then
+    mc=$(printf '%s\n' "${compiled[@]}" | median)
+    extra+="$c: peer with torch.compile $mc samples/s: lockstep 2 ranks / it $(ratio "$m2" "$mc")x"$'\n'
+  fi
+  if [[ -n ${PEER_BEFORE:-} ]]; then
+    mo=$(printf '%s\n' "${peer_before[@]}" | median)
+    extra+="$c: peer on $PEER_BEFORE $mo samples/s: lockstep 2 ranks / it $(ratio "$m2" "$mo")x"$'\n'
   fi
   if [[ -n ${BEFORE:-} ]]; then
     mb=$(printf '%s\n' "${before[@]}" | median)

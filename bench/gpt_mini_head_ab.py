@@ -4,7 +4,7 @@ batch, with the output layer and the loss over every (B, T) position (what locks
 both do today) or only over the positions whose target is real (the same loss, the same gradients).
 One process, one thread; each variant in its own process so its peak RSS is its own.
 
-Usage: /usr/bin/python3 bench/gpt_mini_head_ab.py [--batch 100] [--real 0.42] [--steps 3]
+Usage: .venv/bin/python bench/gpt_mini_head_ab.py [--batch 100] [--real 0.42] [--steps 3]
        (--variant full|real runs one variant and prints its JSON line; without it both run, alternating)
 """
 import argparse

@@ -3,7 +3,7 @@
 /usr/bin/python3 (torch 1.13); the model is tests/python/gpt_mini.py, the same module lockstep's
 models::GptMini is (the same ATen ops, so the same saved tensors).
 
-Usage: /usr/bin/python3 bench/gpt_mini_saved_tensors.py [--batch 42] [--length 128] [--vocab 4001]
+Usage: .venv/bin/python bench/gpt_mini_saved_tensors.py [--batch 42] [--length 128] [--vocab 4001]
 Prints one table (MiB, counting each storage once, in the module that first saved it) and one JSON
 line with the totals.
 """

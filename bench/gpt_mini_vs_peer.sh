@@ -21,16 +21,16 @@
 # recomputed in backward instead of kept: less memory, one more forward), in the same rotation;
 # BASE=path/to/another/lockstep adds that binary as a side (the before of a before/after).
 # Usage: [CKPT=1] [BASE=lockstep] bench/gpt_mini_vs_peer.sh [RUNS=5] [LIMIT=2000] [BATCH=100] [EPOCHS=1]
-#        LOCKSTEP=path/to/lockstep (default build/lockstep); needs python3-torch and fortunes.
+#        LOCKSTEP=path/to/lockstep (default build/lockstep); needs the venv (scripts/bootstrap --test) and fortunes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-5}; limit=${2:-2000}; batch=${3:-100}; epochs=${4:-1}
 lockstep=${LOCKSTEP:-build/lockstep}
 corpus=/usr/share/games/fortunes
-py=/usr/bin/python3
+py=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
 [[ -d $corpus ]] || { echo "needs Debian's fortunes (scripts/bootstrap)" >&2; exit 1; }
 [[ -x $lockstep ]] || { echo "no $lockstep: build it first (make -C build lockstep_cli)" >&2; exit 1; }
-"$py" -c 'import torch' 2>/dev/null || { echo "needs Debian's python3-torch (apt-get install python3-torch)" >&2; exit 1; }
+"$py" -c 'import torch' 2>/dev/null || { echo "needs $py with torch (scripts/bootstrap --test)" >&2; exit 1; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }

@@ -2,7 +2,7 @@
 # Inference latency and throughput, LibTorch (fp32, bf16 autocast) against ONNX Runtime on the same
 # weights exported by `lockstep export`, at batch 1 and 64 and with 1 and 2 intra-op threads, all in
 # one run. LibTorch is timed by `lockstep predict` (per-batch forward, after 2 warmup batches);
-# ONNX Runtime by bench/inference_ort.js (onnxruntime-node, same batches, same warmup). Prints a
+# ONNX Runtime by bench/inference_ort.py (the venv's onnxruntime, same batches, same warmup). Prints a
 # Markdown table for docs/inference.md: p50/p90/p99 ms per batch and samples/s.
 # The weights come from a short synthetic training run (latency does not depend on their values),
 # or from WEIGHTS=file. Inputs: the Fashion-MNIST test split for the 28x28 models, synthetic images
@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 model=${1:-convnet}; samples=${2:-2048}
 cli=${LOCKSTEP:-build/lockstep}
 [[ -x $cli ]] || { echo "no $cli: run make build first" >&2; exit 1; }
-[[ -d tests/export/node_modules/onnxruntime-node ]] ||
-  { echo "onnxruntime-node missing: run scripts/bootstrap --test" >&2; exit 1; }
+py=${PYTHON:-$PWD/.venv/bin/python}
+"$py" -c 'import onnxruntime' 2>/dev/null || { echo "onnxruntime missing in $py: run scripts/bootstrap --test" >&2; exit 1; }
 case $model in
   resnet18) shape=3,32,32; data=(--data synthetic) ;;
   mlp|convnet) shape=1,28,28; data=() ;;
@@ -53,7 +53,7 @@ for round in $(seq "$rounds"); do
               --limit "$n" --batch-size "$batch" --threads "$threads" --precision "$precision" --json | grep -o '{.*}')
         record "LibTorch|$precision|$batch|$threads" "$j"
       done
-      record "ONNX_Runtime|fp32|$batch|$threads" "$(node bench/inference_ort.js "$work/model.onnx" "$shape" "$batch" "$threads" "$batches")"
+      record "ONNX_Runtime|fp32|$batch|$threads" "$("$py" bench/inference_ort.py "$work/model.onnx" "$shape" "$batch" "$threads" "$batches")"
     done
   done
 done

@@ -6,7 +6,7 @@ matches key for key), one intra-op thread, inference mode, random weights (laten
 on them): the median of 3000 timed calls after 200 warm-up calls. Compare with bench/inference.sh,
 which times lockstep's own forward and ONNX Runtime's on the same machine.
 
-Usage: /usr/bin/python3 bench/inference_variants.py
+Usage: .venv/bin/python bench/inference_variants.py
 """
 import copy
 import os

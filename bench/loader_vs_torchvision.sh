@@ -9,8 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-5}; n_png=${2:-10000}; n_jpeg=${3:-5000}; epochs=${4:-2}
-py=/usr/bin/python3
-$py -c 'import torchvision' 2>/dev/null || { echo "needs Debian's python3-torchvision" >&2; exit 1; }
+py=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
+$py -c 'import torchvision' 2>/dev/null || { echo "needs $py with torchvision (scripts/bootstrap --test)" >&2; exit 1; }
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 field() { sed -n "s/.*\"$1\": *\([0-9.]*\).*/\1/p"; }

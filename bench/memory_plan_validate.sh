@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOCKSTEP=${LOCKSTEP:-build/lockstep}
-PY=/usr/bin/python3
+PY=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
 ONLY=${ONLY:-}
 
 # name | ranks | the run's flags (the same for plan and train)

@@ -14,7 +14,7 @@ A stage then computes M * t_i of it and waits for the rest:
 which is the bubble formula when all t are equal. What the prediction leaves over is what the
 hand-off (sending activations and gradients between the ranks) and the schedule's own waits cost.
 
-Usage: /usr/bin/python3 bench/pipeline_idle.py SWEEP_DIR [SWEEP_DIR ...]
+Usage: .venv/bin/python bench/pipeline_idle.py SWEEP_DIR [SWEEP_DIR ...]
 """
 import json
 import os

@@ -6,17 +6,17 @@
 # concurrency on both servers, alternating; the table gives medians over the rounds: requests/s,
 # p50 and p99 latency (ms), and the requests that did not get a 200.
 # Usage: [ROUNDS=3] [PEER_DIR=../shared/peer] bench/serve_vs_peer.sh [REQUESTS=2000] [THREADS=1]
-#        (after make build and scripts/bootstrap --test: hey, python3-torch, python3-fastapi, python3-uvicorn)
+#        (after make build and scripts/bootstrap --test: hey, and the venv's torch, fastapi, uvicorn)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 requests=${1:-2000}; threads=${2:-1}; rounds=${ROUNDS:-3}
 cli=${LOCKSTEP:-build/lockstep}
 peer_dir=$(cd "${PEER_DIR:-../shared/peer}" && pwd)
-python=/usr/bin/python3   # Debian's, with python3-torch (the first python3 on PATH may lack it)
+python=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}   # the venv's (requirements.txt)
 [[ -x $cli ]] || { echo "no $cli: run make build first" >&2; exit 1; }
 command -v hey >/dev/null || { echo "hey missing: run scripts/bootstrap --test" >&2; exit 1; }
 $python -c 'import torch, fastapi, uvicorn' 2>/dev/null ||
-  { echo "the peer needs python3-torch python3-fastapi python3-uvicorn: run scripts/bootstrap --test" >&2; exit 1; }
+  { echo "the peer needs torch, fastapi and uvicorn in $python: run scripts/bootstrap --test" >&2; exit 1; }
 (( requests >= 32 )) || { echo "REQUESTS must be at least 32 (the highest concurrency), not $requests" >&2; exit 2; }
 
 work=$(mktemp -d)

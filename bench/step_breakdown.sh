@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}; model=${2:-convnet}; precision=${3:-fp32}; limit=${4:-12000}; batch=${5:-100}
 peer=${PEER_DIR:-../shared/peer}
-python=/usr/bin/python3
+python=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
 [[ -x build/lockstep ]] || { echo "no build/lockstep: run make build first" >&2; exit 1; }
 ours_amp=(); peer_amp=()
 [[ $precision == bf16 ]] && ours_amp=(--precision bf16) && peer_amp=(--amp)

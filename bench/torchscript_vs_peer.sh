@@ -10,8 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-5}; width=${2:-256}; limit=${3:-30000}; batch=${4:-64}; lr=0.05
-py=/usr/bin/python3
-$py -c 'import torch' 2>/dev/null || { echo "needs Debian's python3-torch" >&2; exit 1; }
+py=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
+$py -c 'import torch' 2>/dev/null || { echo "needs $py with torch (scripts/bootstrap --test)" >&2; exit 1; }
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 field() { sed -n "s/.*\"$1\": *\([0-9.]*\).*/\1/p"; }

@@ -41,7 +41,7 @@ inline PythonFixture python_fixture(const std::string& script, const std::string
   const fs::path done = root / (script + "-" + std::to_string(key));
   if (fs::is_directory(done)) return {done.string(), ""};
   const std::string python = python_with_torch();
-  if (python.empty()) return {"", "no /usr/bin/python3 with torch (scripts/bootstrap --test)"};
+  if (python.empty()) return {"", kNoPythonTorch};
   const fs::path making = root / (done.filename().string() + ".making-" + std::to_string(::getpid()));
   fs::remove_all(making);
   fs::create_directories(making);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 namespace lockstep::testing {
 
@@ -74,15 +75,29 @@ inline CommandResult run_command(const std::string& command) {
   return r;
 }
 
-// The Python peer's interpreter: Debian's python3 with python3-torch (the first python3 on PATH may
-// lack torch). Empty when torch cannot be imported there.
+// The Python of the tests' oracles and peers: the venv's (LOCKSTEP_PYTHON, scripts/bootstrap
+// --test), whose torch must be the version these tests were compiled against, so that no float is
+// compared with one another PyTorch computed. Empty when torch cannot be imported there; a
+// different torch version is a broken setup, not a skip: it aborts the test run with both versions.
 inline std::string python_with_torch() {
   static const std::string python = [] {
-    const std::string candidate = "/usr/bin/python3";
-    return run_command(candidate + " -c 'import torch'").exit_code == 0 ? candidate : std::string();
+    const std::string candidate = LOCKSTEP_PYTHON;
+    const CommandResult r = run_command(candidate + " -c 'import torch; print(torch.__version__.split(\"+\")[0])'");
+    if (r.exit_code != 0) return std::string();
+    const std::string compiled = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                                 std::to_string(TORCH_VERSION_PATCH);
+    if (r.output.substr(0, r.output.find('\n')) != compiled) {
+      std::fprintf(stderr, "%s has torch %s; these tests were compiled against LibTorch %s\n", candidate.c_str(),
+                   r.output.c_str(), compiled.c_str());
+      std::abort();
+    }
+    return candidate;
   }();
   return python;
 }
+
+// What a test that needs python_with_torch() says when it skips.
+inline constexpr const char* kNoPythonTorch = "the venv's python cannot import torch (scripts/bootstrap --test)";
 
 // The last line of `text` that starts with '{' (the JSON summary lockstep prints last).
 inline std::string last_json_line(const std::string& text) {

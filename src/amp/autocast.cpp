@@ -5,26 +5,9 @@
 namespace lockstep::amp {
 namespace {
 
-// The one seam between devices: LibTorch keeps separate autocast flags and dtypes per device
-// (CUDA's under the unqualified names).
-struct DeviceAutocast {
-  bool (*is_enabled)();
-  void (*set_enabled)(bool);
-  at::ScalarType (*get_dtype)();
-  void (*set_dtype)(at::ScalarType);
-};
-
-DeviceAutocast device_autocast(torch::DeviceType device) {
-  switch (device) {
-    case torch::kCPU:
-      return {at::autocast::is_cpu_enabled, at::autocast::set_cpu_enabled,
-              at::autocast::get_autocast_cpu_dtype, at::autocast::set_autocast_cpu_dtype};
-    case torch::kCUDA:
-      return {at::autocast::is_enabled, at::autocast::set_enabled, at::autocast::get_autocast_gpu_dtype,
-              at::autocast::set_autocast_gpu_dtype};
-    default:
-      TORCH_CHECK(false, "autocast supports the devices cpu and cuda, got ", device);
-  }
+void check_device(torch::DeviceType device) {
+  TORCH_CHECK(device == torch::kCPU || device == torch::kCUDA, "autocast supports the devices cpu and cuda, got ",
+              device);
 }
 
 void check_dtype(torch::DeviceType device, torch::ScalarType dtype) {
@@ -38,12 +21,12 @@ void check_dtype(torch::DeviceType device, torch::ScalarType dtype) {
 
 AutocastGuard::AutocastGuard(torch::DeviceType device, torch::ScalarType dtype, bool enabled)
     : device_(device) {
-  const DeviceAutocast autocast = device_autocast(device);
+  check_device(device);
   if (enabled) check_dtype(device, dtype);
-  previous_enabled_ = autocast.is_enabled();
-  previous_dtype_ = autocast.get_dtype();
-  autocast.set_enabled(enabled);
-  if (enabled) autocast.set_dtype(dtype);
+  previous_enabled_ = at::autocast::is_autocast_enabled(device);
+  previous_dtype_ = at::autocast::get_autocast_dtype(device);
+  at::autocast::set_autocast_enabled(device, enabled);
+  if (enabled) at::autocast::set_autocast_dtype(device, dtype);
   at::autocast::increment_nesting();
 }
 
@@ -52,14 +35,19 @@ AutocastGuard::AutocastGuard(torch::DeviceType device, torch::ScalarType dtype, 
 // optimizer updates the weight, so like torch.autocast we drop the cache when the outermost region
 // ends; a weight changed in place *inside* a region is still seen through the stale copy.
 AutocastGuard::~AutocastGuard() {
-  const DeviceAutocast autocast = device_autocast(device_);
-  autocast.set_enabled(previous_enabled_);
-  autocast.set_dtype(previous_dtype_);
+  at::autocast::set_autocast_enabled(device_, previous_enabled_);
+  at::autocast::set_autocast_dtype(device_, previous_dtype_);
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
 }
 
-bool autocast_enabled(torch::DeviceType device) { return device_autocast(device).is_enabled(); }
+bool autocast_enabled(torch::DeviceType device) {
+  check_device(device);
+  return at::autocast::is_autocast_enabled(device);
+}
 
-torch::ScalarType autocast_dtype(torch::DeviceType device) { return device_autocast(device).get_dtype(); }
+torch::ScalarType autocast_dtype(torch::DeviceType device) {
+  check_device(device);
+  return at::autocast::get_autocast_dtype(device);
+}
 
 }  // namespace lockstep::amp

@@ -129,7 +129,7 @@ int64_t CachingCpuAllocator::size_class(int64_t bytes) const {
   return round_up(bytes, std::max(power / 8, kPageBytes));
 }
 
-c10::DataPtr CachingCpuAllocator::allocate(size_t bytes) const {
+c10::DataPtr CachingCpuAllocator::allocate(size_t bytes) {
   if (static_cast<int64_t>(bytes) < large_block_bytes_) return c10::GetDefaultCPUAllocator()->allocate(bytes);
   void* data = take(size_class(static_cast<int64_t>(bytes)), static_cast<int64_t>(bytes));
   return {data, data, &release, c10::Device(c10::DeviceType::CPU)};

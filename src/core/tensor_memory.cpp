@@ -21,7 +21,7 @@ class CountingAllocator final : public c10::Allocator {
     return *counting;
   }
 
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = inner_->allocate(n);
     TORCH_CHECK(inner.get() == inner.get_context(), "the CPU allocator is not raw-compatible: cannot count tensor bytes");
     const c10::DeleterFnPtr free = inner.get_deleter();
@@ -38,6 +38,7 @@ class CountingAllocator final : public c10::Allocator {
     return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, size_t count) const override { default_copy_data(dest, src, count); }
 
   void install() {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -13,6 +13,23 @@
 
 namespace lockstep::dist {
 
+// Note [Gloo headers]
+// c10d's ProcessGroupGloo.hpp includes <gloo/...>, and neither PyPI's torch wheel nor pytorch.org's
+// libtorch zip ships those headers; the Gloo that runs is the one linked into libtorch_cpu.so (its
+// gloo:: symbols are exported there). lockstep compiles against Debian's libgloo-dev headers
+// (2022) and links no Gloo library of its own. Two definitions of one Gloo class would break the
+// one-definition rule only where code made from our copy of a header meets libtorch's objects, so
+// this file (the one translation unit besides process_group.cpp's type names that includes the
+// header) keeps to calls that do not depend on Gloo's layout:
+// - out-of-line functions of libtorch: ProcessGroupGloo::Options's constructor, createDefaultDevice,
+//   createDeviceForInterface and ProcessGroupGloo's constructor, whose arguments are c10d types;
+// - shared_ptr<gloo::transport::Device>s passed along, whose layout does not depend on the Device;
+// - one virtual call, Device::str(), the first slot after the destructor in every Gloo since 2017
+//   (Debian's and the one PyTorch 2.14 pins alike).
+// Nothing of Gloo is instantiated in lockstep's objects: tests/dist/gloo_headers_test.cpp lists
+// liblockstep.a's defined symbols and finds no gloo:: function, vtable or typeinfo, and the suite's
+// multi-rank tests run the collectives through libtorch's Gloo.
+
 // Note [Gloo's network interface]
 // PyTorch's Python binding of ProcessGroupGloo reads GLOO_SOCKET_IFNAME (interfaces separated by
 // commas, one Gloo device each); the C++ class does not: its default device resolves this host's
@@ -32,7 +49,7 @@ std::vector<std::string> chosen_interfaces(const std::string& iface, int64_t ran
   return parse_interfaces(list, c10::str("rank ", rank, " of ", world, ": ", source));
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
+c10::intrusive_ptr<c10d::Backend> gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
                                                     int64_t size, std::chrono::milliseconds timeout,
                                                     const std::vector<std::string>& interfaces,
                                                     std::string* bound) {

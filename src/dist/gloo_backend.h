@@ -19,7 +19,7 @@ std::vector<std::string> chosen_interfaces(const std::string& iface, int64_t ran
 // A Gloo backend over `store` (its keys under "gloo/"): connects to every other rank of the group,
 // through a device per interface of `interfaces` (Gloo's default device when empty). `bound`, when
 // given, receives what the devices bound.
-c10::intrusive_ptr<c10d::ProcessGroup> gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
+c10::intrusive_ptr<c10d::Backend> gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
                                                     int64_t size, std::chrono::milliseconds timeout,
                                                     const std::vector<std::string>& interfaces,
                                                     std::string* bound = nullptr);

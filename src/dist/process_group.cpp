@@ -44,7 +44,7 @@ const std::vector<std::string>& all_reduce_algorithm_names() {
 }
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
-                           c10::intrusive_ptr<c10d::ProcessGroup> backend,
+                           c10::intrusive_ptr<c10d::Backend> backend,
                            std::chrono::milliseconds timeout, SharedMemory shared_memory,
                            std::vector<std::string> interfaces, std::string network)
     : store_(std::move(store)),
@@ -252,7 +252,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>
   if (me == ranks.end()) return nullptr;
   auto store = c10::make_intrusive<c10d::PrefixStore>("lockstep/subgroup/" + std::to_string(index), store_);
   const int64_t rank = me - ranks.begin(), size = static_cast<int64_t>(ranks.size());
-  c10::intrusive_ptr<c10d::ProcessGroup> backend;
+  c10::intrusive_ptr<c10d::Backend> backend;
   try {
     backend = gloo_backend(store, rank, size, timeout_, interfaces_);
   } catch (const std::exception& e) {

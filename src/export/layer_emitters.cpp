@@ -33,7 +33,7 @@ std::string emit_linear(const nn::LinearImpl& m, Scope& s, const std::string& x)
 
 std::string emit_conv2d(const nn::Conv2dImpl& m, Scope& s, const std::string& x) {
   const auto& o = m.options;
-  TORCH_CHECK(c10::get_if<torch::enumtype::kZeros>(&o.padding_mode()) != nullptr, "cannot export '", s.path(),
+  TORCH_CHECK(std::get_if<torch::enumtype::kZeros>(&o.padding_mode()) != nullptr, "cannot export '", s.path(),
               "': Conv2d padding_mode ", torch::enumtype::get_enum_name(o.padding_mode()),
               " has no ONNX Conv equivalent; only zeros padding exports");
   std::vector<std::string> inputs{x, s.initializer("weight", m.weight)};
@@ -43,9 +43,9 @@ std::string emit_conv2d(const nn::Conv2dImpl& m, Scope& s, const std::string& x)
   set_attribute(node, "strides", ints(o.stride()));
   set_attribute(node, "dilations", ints(o.dilation()));
   set_attribute(node, "group", o.groups());
-  if (const auto* explicit_pads = c10::get_if<torch::ExpandingArray<2>>(&o.padding())) {
+  if (const auto* explicit_pads = std::get_if<torch::ExpandingArray<2>>(&o.padding())) {
     set_attribute(node, "pads", symmetric_pads(*explicit_pads));
-  } else if (c10::get_if<torch::enumtype::kSame>(&o.padding()) != nullptr) {
+  } else if (std::get_if<torch::enumtype::kSame>(&o.padding()) != nullptr) {
     // PyTorch's 'same' puts the odd pixel of padding at the end, as SAME_UPPER does.
     auto* a = node.add_attribute();
     a->set_name("auto_pad");

@@ -165,7 +165,7 @@ void Rendezvous::abort(int64_t round, const std::string& why) {
       // Nothing more to tell anyone.
     }
   }
-  throw c10::Error(why, "");
+  throw c10::Error(why);  // no backtrace: the reason is the whole message
 }
 
 std::string Rendezvous::report_failure(int64_t round, const std::string& what) {

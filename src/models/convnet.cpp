@@ -54,8 +54,8 @@ torch::nn::Sequential conv_block(int64_t in, int64_t out, const NormLayer& norm_
 inline float max_keeping_nan(float a, float b) { return (a > b || a != a) ? a : b; }
 
 // Note [One pass for ReLU and the max-pool in evaluation]
-// In eval mode without autograd a conv block's convolution and BatchNorm run as one oneDNN
-// convolution with the BatchNorm folded in (Note [Convolutions for inference through oneDNN],
+// In eval mode without autograd a conv block's convolution and BatchNorm run as one
+// convolution with the BatchNorm folded in (Note [Convolutions for inference],
 // inference_conv.cpp), and its ReLU and 2x2 max-pool, which need each element once, as one pass
 // over that convolution's channels-last output that writes only the pooled quarter, where LibTorch
 // makes three passes (BatchNorm, ReLU, max-pool) and two full-size temporaries: at inference's batch
@@ -97,7 +97,7 @@ torch::Tensor run_conv_block(torch::nn::SequentialImpl& block, InferenceConv& in
   auto* norm = block[1]->as<torch::nn::BatchNorm2d>();
   if (norm == nullptr) return block.forward(x);
   if (!norm->is_training()) {
-    const bool evaluating = !torch::GradMode::is_enabled() && !at::autocast::is_cpu_enabled() &&
+    const bool evaluating = !torch::GradMode::is_enabled() && !at::autocast::is_autocast_enabled(at::kCPU) &&
                             InferenceConv::supports(conv, *norm, x);
     return evaluating ? relu_pool_eval(inference.forward(conv, *norm, x)) : block.forward(x);
   }

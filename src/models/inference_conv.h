@@ -2,16 +2,14 @@
 
 #include <torch/nn.h>
 
-#include <array>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 namespace lockstep::models {
 
-// A Conv2d and the eval-mode BatchNorm2d after it, run as one oneDNN convolution with the
-// BatchNorm folded into its weights and bias: see Note [Convolutions for inference through oneDNN].
+// A Conv2d and the eval-mode BatchNorm2d after it, run as one convolution with the BatchNorm folded
+// into its weights and bias: see Note [Convolutions for inference].
 // One object serves one (convolution, BatchNorm) pair for the module's life; it may be called from
 // several threads at once.
 class InferenceConv {
@@ -29,15 +27,11 @@ class InferenceConv {
   ~InferenceConv();
 
  private:
-  struct Folded;    // the BatchNorm folded into the convolution's weights and bias
-  struct Compiled;  // oneDNN's primitive for one input shape, and the folded weights in its layout
-  std::shared_ptr<Compiled> compiled_for(const torch::nn::Conv2dImpl& conv, const torch::nn::BatchNorm2dImpl& norm,
-                                         const torch::Tensor& x);
+  struct Folded;  // the BatchNorm folded into the convolution's weights and bias
+  std::shared_ptr<const Folded> folded_for(const torch::nn::Conv2dImpl& conv, const torch::nn::BatchNorm2dImpl& norm);
 
   std::mutex mutex_;
   std::shared_ptr<const Folded> folded_;  // from the module's tensors as they were at the last call
-  // By input shape and thread count: (N, C, H, W, at::get_num_threads()).
-  std::map<std::array<int64_t, 5>, std::shared_ptr<Compiled>> compiled_;
 };
 
 }  // namespace lockstep::models

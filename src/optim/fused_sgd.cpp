@@ -66,7 +66,7 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const torch::Tensor& grad = p.grad();
-      auto found = state_.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto found = state_.find(p.unsafeGetTensorImpl());
       torch::Tensor buf;
       if (found != state_.end()) buf = static_cast<torch::optim::SGDParamState&>(*found->second).momentum_buffer();
       const bool fused = simd && plain_fp32(p) && plain_fp32(grad) && grad.numel() == p.numel() &&
@@ -87,7 +87,7 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
           buf = torch::clone(d).detach();
           auto state = std::make_unique<torch::optim::SGDParamState>();
           state->momentum_buffer(buf);
-          state_[c10::guts::to_string(p.unsafeGetTensorImpl())] = std::move(state);
+          state_[p.unsafeGetTensorImpl()] = std::move(state);
         } else {
           buf.mul_(o.momentum()).add_(d, 1 - o.dampening());
         }

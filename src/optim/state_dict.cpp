@@ -50,7 +50,7 @@ using TorchOptions = torch::optim::OptimizerOptions;
 GenericDict string_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
 // LibTorch's key for a parameter's entry in Optimizer::state().
-std::string state_key(const torch::Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
+void* state_key(const torch::Tensor& param) { return param.unsafeGetTensorImpl(); }
 
 GenericDict as_dict(const IValue& v, const std::string& where) {
   TORCH_CHECK(v.isGenericDict(), where, " is not a dict but a ", v.tagKind());
@@ -340,7 +340,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
     }
     options.push_back(codec.read_group(saved, where));
   }
-  std::vector<std::pair<std::string, std::unique_ptr<ParamState>>> states;
+  std::vector<std::pair<void*, std::unique_ptr<ParamState>>> states;
   for (const auto& item : as_dict(entry(dict, "state", source + " optimizer state"), source + " 'state'")) {
     TORCH_CHECK(item.key().isInt(), source, ": 'state' keys must be parameter numbers, got ", item.key());
     const int64_t index = item.key().toInt();

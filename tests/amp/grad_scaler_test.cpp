@@ -221,7 +221,7 @@ TEST(GradScaler, LoadStateDictErrorsNameTheKey) {
 // disables itself; the script re-enables it, which is enough for its state_dict code.
 TEST(GradScaler, PythonGradScalerLoadsOurStateDictAndWeLoadItsOwn) {
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "python3 with torch not available";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   testing::TempDir dir;
   const std::vector<char> bytes = torch::pickle_save(trained_scaler().state_dict());
   std::ofstream(dir / "ours.pt", std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

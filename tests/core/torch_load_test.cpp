@@ -14,7 +14,7 @@ namespace {
 // dict (with _metadata), one-entry dicts and one-element lists, nested, memoized and shared.
 TEST(TorchLoad, ReadsPythonsOrderedDictsAndOneEntryContainers) {
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "/usr/bin/python3 cannot import torch";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   testing::TempDir dir;
   const auto r = testing::run_command(
       python + " -c \"import torch, sys; torch.manual_seed(0); m = torch.nn.Linear(3, 2);"

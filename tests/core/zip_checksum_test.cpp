@@ -58,7 +58,7 @@ TEST(ZipChecksum, TruncatedOrNonZipBytesAreRefusedSayingWhy) {
 // torch.save never writes, but a re-zipped file may hold).
 TEST(ZipChecksum, ArchivesWrittenByPythonPassAndACorruptDeflatedRecordFails) {
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "needs /usr/bin/python3 with torch";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   testing::TempDir dir;
   const auto r = testing::run_command(
       python + " -c \"import torch, zipfile; torch.save({'w': torch.arange(1000.)}, '" + dir / "t.pt" + "');" +

@@ -54,4 +54,4 @@ inline double max_difference(const torch::Tensor& a, const torch::Tensor& b) {
 
 #define LOCKSTEP_IMAGE_ORACLE_OR_SKIP(name)                                          \
   const ::lockstep::testing::ImageOracle* name = ::lockstep::testing::ImageOracle::get(); \
-  if (name == nullptr) GTEST_SKIP() << "no /usr/bin/python3 with torchvision (scripts/bootstrap --test)"
+  if (name == nullptr) GTEST_SKIP() << "the venv's python cannot import torchvision (scripts/bootstrap --test)"

@@ -1,6 +1,5 @@
-// lockstep's tokenizers against an independent implementation: Hugging Face's tokenizers.js (the
-// npm package @huggingface/tokenizers, pure JavaScript) loads the tokenizer.json lockstep wrote and
-// encodes every entry of the fortunes corpus; the ids must be identical. Each fortune entry (the
+// lockstep's tokenizers against an independent implementation: Hugging Face's own `tokenizers`
+// (PyPI; the Rust library transformers uses) loads the tokenizer.json lockstep wrote and encodes every entry of the fortunes corpus; the ids must be identical. Each fortune entry (the
 // text between '%' lines, inner newlines kept) is one sequence (TextCorpusFormat::kFortunes).
 #include <gtest/gtest.h>
 
@@ -28,14 +27,14 @@ const std::vector<std::string> kExtraTexts{
     "Straße naïve CAFÉ 東京 한국어 Ελληνικά ﬁn ① ½ \u00a0nbsp\u3000ideographic space \u200bzero width",
     "  leading  and trailing  \n\n\t", "emoji 😀👍🏽 and combining e\u0301 and \x07 bell"};
 
-// tokenizers.js's encoding of `texts` with `tokenizer` (both written to `dir`): {"ids": [[...], ...],
-// "decoded": [...]}; no ids when node fails (a test failure).
-nlohmann::json encode_with_tokenizers_js(const Tokenizer& tokenizer, const std::vector<std::string>& texts,
+// Hugging Face tokenizers' encoding of `texts` with `tokenizer` (both written to `dir`): {"ids": [[...], ...],
+// "decoded": [...]}; no ids when the oracle fails (a test failure).
+nlohmann::json encode_with_hf_tokenizers(const Tokenizer& tokenizer, const std::vector<std::string>& texts,
                                          const testing::TempDir& dir) {
   tokenizer.save(dir / "tokenizer.json");
   std::ofstream(dir / "texts.json") << nlohmann::json(texts).dump();
-  const auto run = testing::run_command("{ cd " + kOracleDir + " && node oracle.mjs encode " + dir / "tokenizer.json " +
-                                        dir / "texts.json > " + dir / "oracle.json; }");
+  const auto run = testing::run_command(std::string(LOCKSTEP_PYTHON) + " " + kOracleDir + "/oracle.py encode " +
+                                        dir / "tokenizer.json " + dir / "texts.json > " + dir / "oracle.json");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   if (run.exit_code != 0) return {{"ids", nlohmann::json::array()}};
   return nlohmann::json::parse(testing::read_text(dir / "oracle.json"));
@@ -45,13 +44,12 @@ class TokenizerOracle : public ::testing::TestWithParam<TokenizerModelKind> {
  protected:
   void SetUp() override {
     if (!std::filesystem::exists(kFortunes)) GTEST_SKIP() << "fortunes not installed (scripts/bootstrap)";
-    if (!std::filesystem::exists(kOracleDir + "/node_modules/@huggingface/tokenizers") ||
-        testing::run_command("node --version").exit_code != 0)
-      GTEST_SKIP() << "node or @huggingface/tokenizers missing (scripts/bootstrap --test)";
+    if (testing::run_command(std::string(LOCKSTEP_PYTHON) + " -c 'import tokenizers'").exit_code != 0)
+      GTEST_SKIP() << "tokenizers is not installed in the venv (scripts/bootstrap --test)";
   }
 };
 
-TEST_P(TokenizerOracle, IdsMatchTokenizersJsOnEveryFortune) {
+TEST_P(TokenizerOracle, IdsMatchHfTokenizersOnEveryFortune) {
   const bool bpe = GetParam() == TokenizerModelKind::kBpe;
   std::vector<std::string> texts = read_text_corpus(kFortunes, TextCorpusFormat::kFortunes);
   ASSERT_GT(texts.size(), 10000u);
@@ -64,7 +62,7 @@ TEST_P(TokenizerOracle, IdsMatchTokenizersJsOnEveryFortune) {
   texts.insert(texts.end(), kExtraTexts.begin(), kExtraTexts.end());
 
   testing::TempDir dir;
-  const auto oracle = encode_with_tokenizers_js(tokenizer, texts, dir);
+  const auto oracle = encode_with_hf_tokenizers(tokenizer, texts, dir);
   ASSERT_EQ(oracle["ids"].size(), texts.size());
 
   const auto ours = tokenizer.encode_batch(texts);
@@ -73,10 +71,10 @@ TEST_P(TokenizerOracle, IdsMatchTokenizersJsOnEveryFortune) {
     const auto theirs = oracle["ids"][i].get<std::vector<int64_t>>();
     tokens += ours[i].size();
     if (ours[i] != theirs && ++id_mismatches <= 3)
-      ADD_FAILURE() << "entry " << i << " differs from tokenizers.js: '" << texts[i].substr(0, 200) << "'";
+      ADD_FAILURE() << "entry " << i << " differs from tokenizers: '" << texts[i].substr(0, 200) << "'";
     const std::string decoded = tokenizer.decode(ours[i]);
     if (decoded != oracle["decoded"][i].get<std::string>() && ++decode_mismatches <= 3)
-      ADD_FAILURE() << "entry " << i << " decodes to '" << decoded << "', tokenizers.js to '" << oracle["decoded"][i] << "'";
+      ADD_FAILURE() << "entry " << i << " decodes to '" << decoded << "', tokenizers to '" << oracle["decoded"][i] << "'";
     // Byte-level BPE loses nothing; WordPiece loses case, accents and spacing, so its round trip
     // is decode then encode giving the same ids.
     const bool round_trips = bpe ? decoded == texts[i] : tokenizer.encode(decoded) == ours[i];
@@ -88,13 +86,13 @@ TEST_P(TokenizerOracle, IdsMatchTokenizersJsOnEveryFortune) {
   EXPECT_EQ(round_trip_failures, 0u);
   std::cout << (bpe ? "BPE" : "WordPiece") << ": " << texts.size() << " texts, " << tokens << " tokens, vocabulary "
             << tokenizer.size() << " (" << added << " added, " << special << " special added); " << id_mismatches
-            << " id mismatches with tokenizers.js\n";
+            << " id mismatches with tokenizers\n";
 }
 
 // Words of tens of thousands of bytes (Note [BPE merges in n log n]; WordPiece maps a word over
-// max_input_chars_per_word to [UNK]) encode to tokenizers.js's ids. The scan took ~4 s for each of
+// max_input_chars_per_word to [UNK]) encode to the ids tokenizers gives. The scan took ~4 s for each of
 // these; both now take milliseconds.
-TEST_P(TokenizerOracle, LongWordsEncodeAsTokenizersJsDoes) {
+TEST_P(TokenizerOracle, LongWordsEncodeAsHfTokenizersDoes) {
   std::vector<std::string> corpus = read_text_corpus(kFortunes + "/computers", TextCorpusFormat::kFortunes);
   const Tokenizer tokenizer = train_tokenizer(corpus, TokenizerTrainerOptions().model(GetParam()).vocab_size(2000));
   std::mt19937 rng(9);
@@ -106,7 +104,7 @@ TEST_P(TokenizerOracle, LongWordsEncodeAsTokenizersJsDoes) {
   for (int i = 0; i < 15000; ++i) ab += "ab";
   const std::vector<std::string> texts{std::string(30000, 'a'), letters, ab, "the " + base64 + " end"};
   testing::TempDir dir;
-  const auto oracle = encode_with_tokenizers_js(tokenizer, texts, dir);
+  const auto oracle = encode_with_hf_tokenizers(tokenizer, texts, dir);
   ASSERT_EQ(oracle["ids"].size(), texts.size());
   const auto ours = tokenizer.encode_batch(texts);
   for (size_t i = 0; i < texts.size(); ++i)

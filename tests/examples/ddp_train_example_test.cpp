@@ -69,7 +69,7 @@ TEST(DdpTrainExample, TrainsOnTwoRanksAndWritesACheckpointPythonLoads) {
   // Python reads the file, its reference ConvNet takes the weights with strict key and shape checks,
   // and torch.optim.SGD takes the optimizer state (a momentum buffer per parameter).
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "no python3 with torch at /usr/bin/python3 (scripts/bootstrap --test)";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   const std::string script =
       "import sys, torch; sys.path.insert(0, sys.argv[2]); from reference_models import ConvNet; "
       "c = torch.load(sys.argv[1]); m = ConvNet(); m.load_state_dict(c['model']); "

@@ -19,7 +19,7 @@ const std::string kExample = std::string(LOCKSTEP_EXAMPLES_DIR) + "/python_model
 
 TEST(PythonModelExample, TrainsPythonsModelUnderZero2AndFsdpAndPythonRunsTheResult) {
   const std::string python = testing::python_with_torch();
-  ASSERT_FALSE(python.empty()) << "python3-torch is needed: /usr/bin/python3 cannot import torch";
+  ASSERT_FALSE(python.empty()) << testing::kNoPythonTorch;
   testing::TempDir dir;
   const auto made = testing::run_command(python + " " + LOCKSTEP_SOURCE_DIR + "/tests/python/torchscript_models.py " +
                                          dir.path());

@@ -15,21 +15,20 @@ namespace lockstep::testing {
 
 inline const std::string kExportTestDir = LOCKSTEP_SOURCE_DIR "/tests/export";
 
-// Why onnxruntime-node cannot run here, or "" when it can.
+// Why ONNX Runtime (the venv's onnxruntime) cannot run here, or "" when it can.
 inline std::string onnxruntime_missing() {
-  if (run_command("node --version").exit_code != 0) return "node is not installed";
-  std::ifstream probe(kExportTestDir + "/node_modules/onnxruntime-node/package.json");
-  return probe ? "" : "onnxruntime-node is not installed in tests/export (run scripts/bootstrap --test)";
+  const auto r = run_command(std::string(LOCKSTEP_PYTHON) + " -c 'import onnxruntime'");
+  return r.exit_code == 0 ? "" : "onnxruntime is not installed in the venv (scripts/bootstrap --test): " + r.output;
 }
 
 // Python's onnx checker on `path` with full_check; "" when it passes, else its output.
 inline std::string python_onnx_check(const std::string& path) {
-  const auto r = run_command("/usr/bin/python3 -c 'import sys, onnx; onnx.checker.check_model(onnx.load(sys.argv[1]), "
+  const auto r = run_command(std::string(LOCKSTEP_PYTHON) + " -c 'import sys, onnx; onnx.checker.check_model(onnx.load(sys.argv[1]), "
                              "full_check=True); print(\"onnx checker: ok\")' " + path);
   return r.exit_code == 0 && r.output.find("onnx checker: ok") != std::string::npos ? "" : r.output;
 }
 
-inline bool python_onnx_available() { return run_command("/usr/bin/python3 -c 'import onnx'").exit_code == 0; }
+inline bool python_onnx_available() { return run_command(std::string(LOCKSTEP_PYTHON) + " -c 'import onnx'").exit_code == 0; }
 
 inline void write_floats(const std::string& path, const torch::Tensor& t) {
   const torch::Tensor c = t.to(torch::kFloat).contiguous();
@@ -45,7 +44,7 @@ inline torch::Tensor run_in_onnxruntime(const std::string& model_path, const tor
   write_floats(in, input);
   std::string dims;
   for (int64_t d : input.sizes()) dims += (dims.empty() ? "" : ",") + std::to_string(d);
-  const auto r = run_command("node " + kExportTestDir + "/run_onnx.js " + model_path + " " + in + " " + dims + " " + out);
+  const auto r = run_command(std::string(LOCKSTEP_PYTHON) + " " + kExportTestDir + "/run_onnx.py " + model_path + " " + in + " " + dims + " " + out);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   if (r.exit_code != 0) return {};
   std::ifstream f(out, std::ios::binary | std::ios::ate);

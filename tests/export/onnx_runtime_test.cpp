@@ -79,7 +79,7 @@ TEST_P(ExportOnnxRuntime, MatchesLibTorchAtBatchOneAndThirtySeven) {
                    std::to_string(diff));
   }
 
-  if (!testing::python_onnx_available()) GTEST_SKIP() << "python3-onnx not installed (scripts/bootstrap --test)";
+  if (!testing::python_onnx_available()) GTEST_SKIP() << "onnx is not installed in the venv (scripts/bootstrap --test)";
   EXPECT_EQ(testing::python_onnx_check(onnx_path), "");
 }
 
@@ -92,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(ReferenceModels, ExportOnnxRuntime,
 // Runtime: its logits equal Python's own, with no LibTorch forward in between.
 TEST(ExportOnnxRuntimeFromPython, TorchSaveFileGivesPythonsLogits) {
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   const std::string missing = testing::onnxruntime_missing();
   if (!missing.empty()) GTEST_SKIP() << missing;
   testing::TempDir dir;

@@ -66,7 +66,7 @@ TEST(Predict, ConfusionMatrixCountsTrueAgainstPredictedClasses) {
 TEST(PredictModelFile, ATorchScriptModuleFromPythonPredictsAsThePredictorDoes) {
   testing::TempDir dir;
   const auto made = testing::run_python_script("torchscript_serving_models.py", dir.path());
-  if (!made) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (!made) GTEST_SKIP() << testing::kNoPythonTorch;
   ASSERT_EQ(made->exit_code, 0) << made->output;
   const std::string file = dir / "image_classifier.pt";
   const auto r = testing::run_command(kCli + " predict --model-file " + file + " --limit 500 --batch-size 50 --json");

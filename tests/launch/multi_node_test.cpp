@@ -91,7 +91,7 @@ TEST(MultiNode, TwoLaunchersOnLoopbackGiveRanksZeroToThree) {
 
 TEST(MultiNode, WorkersOfTwoLaunchersFormOneGlooGroup) {
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "python3 with torch is not installed (scripts/bootstrap --test)";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   TempDir dir;
   const int port = testing::free_port_pair();
   ASSERT_NE(port, 0);

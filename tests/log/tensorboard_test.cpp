@@ -23,7 +23,7 @@ using ::testing::StartsWith;
 
 // The independent reader's verdict on `path`: exit code and output (JSON on success).
 testing::CommandResult read_with_python(const std::string& path) {
-  return testing::run_command("python3 " LOCKSTEP_SOURCE_DIR "/tests/python/read_tfevents.py '" +
+  return testing::run_command(LOCKSTEP_PYTHON " " LOCKSTEP_SOURCE_DIR "/tests/python/read_tfevents.py '" +
                               path + "'");
 }
 

@@ -47,7 +47,7 @@ TEST(TfeventsReader, ReadsWhatSummaryWriterWritesAsThePythonReaderDoes) {
   testing::TempDir dir;
   const std::string path = write_scalars(dir.path());
   const std::vector<Event> events = read_tfevents(path);
-  const auto r = testing::run_command("python3 " LOCKSTEP_SOURCE_DIR "/tests/python/read_tfevents.py '" + path + "'");
+  const auto r = testing::run_command(LOCKSTEP_PYTHON " " LOCKSTEP_SOURCE_DIR "/tests/python/read_tfevents.py '" + path + "'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto python = nlohmann::json::parse(testing::last_json_line(r.output));
 

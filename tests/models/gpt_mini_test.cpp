@@ -92,7 +92,7 @@ class PythonGptMini : public ::testing::TestWithParam<int> {};
 
 TEST_P(PythonGptMini, LoadsOurStateDictAndGivesOurLogits) {
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   torch::manual_seed(2);
   GptMiniOptions o = small().pad_id(0);
   if (GetParam() == 1) o.tie_embeddings(false);

@@ -1,9 +1,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <ATen/Parallel.h>
-#include <dlfcn.h>
-
 #include <thread>
 #include <vector>
 
@@ -75,8 +72,8 @@ TEST(InferenceConv, FollowsTheModulesTensorsWhenTheyChange) {
   torch::NoGradGuard no_grad;
   Pair p(nn::Conv2dOptions(3, 8, 3).padding(1), nn::BatchNorm2dOptions(8));
   InferenceConv inference;
-  // Two batch sizes, two compiled entries: after a change the first call (y's) folds again, and x's
-  // entry, built before, must not keep its old weights.
+  // Two batch sizes: after a change the first call (y's) folds again, and x's, after it, must use
+  // the new weights too.
   const torch::Tensor x = torch::randn({2, 3, 9, 9}), y = torch::randn({3, 3, 9, 9});
   EXPECT_LE(relative_error(inference.forward(*p.conv, *p.norm, x), p.libtorch(x)), 1e-5);
   EXPECT_LE(relative_error(inference.forward(*p.conv, *p.norm, y), p.libtorch(y)), 1e-5);
@@ -126,25 +123,6 @@ TEST(InferenceConv, ManyThreadsAtOnceGetTheirOwnResults) {
     });
   for (auto& thread : threads) thread.join();
   for (size_t t = 0; t < errors.size(); ++t) EXPECT_LE(errors[t], 1e-5) << "thread " << t;
-}
-
-// A convolution this small is built for one thread (inference_conv.cpp sets OpenMP's count while
-// oneDNN builds it); afterwards the calling thread's OpenMP count is what it was, as LibTorch's own
-// kernels (compiled with OpenMP, unlike this file) read it.
-TEST(InferenceConv, ASmallConvolutionLeavesTheCallersOpenMpThreadCountAsItWas) {
-  const auto omp_get_max_threads = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
-  ASSERT_NE(omp_get_max_threads, nullptr) << "LibTorch here is expected to load an OpenMP runtime";
-  const int before = at::get_num_threads();
-  at::set_num_threads(2);
-  ASSERT_EQ(omp_get_max_threads(), 2);
-  torch::NoGradGuard no_grad;
-  Pair p(nn::Conv2dOptions(1, 4, 3).padding(1), nn::BatchNorm2dOptions(4));
-  InferenceConv inference;
-  const torch::Tensor x = torch::randn({1, 1, 6, 6});
-  EXPECT_LE(relative_error(inference.forward(*p.conv, *p.norm, x), p.libtorch(x)), 1e-5);
-  const int after = omp_get_max_threads();
-  at::set_num_threads(before);
-  EXPECT_EQ(after, 2);
 }
 
 TEST(InferenceConv, LeavesWhatItDoesNotRunToLibTorch) {

@@ -130,7 +130,7 @@ class PythonReadsStateDict : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PythonReadsStateDict, TorchLoadAndStrictLoadStateDictGiveOurLogits) {
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   const std::string name = GetParam();
   torch::manual_seed(3);
   auto model = make_model(name);

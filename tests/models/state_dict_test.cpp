@@ -25,7 +25,7 @@ using ::testing::StartsWith;
 // See Note [OrderedDict in LibTorch's unpickler].
 TEST(StateDict, LoadsARealPythonStateDictValueForValue) {
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   testing::TempDir dir;
   for (const std::string name : {"convnet", "mlp"}) {
     const std::string path = dir / (name + ".pt");

@@ -44,7 +44,7 @@ torch::Tensor matrix(const nlohmann::json& rows) {
 TEST(TorchScriptModule, HasPythonsNamesAndOutputsAndAnOptimizerStepReachesTheScript) {
   testing::TempDir dir;
   const PythonModel py = python_model(dir);
-  if (py.file.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (py.file.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   TorchScriptModule model(py.file);
   std::vector<std::string> names;
   for (const auto& item : model->named_parameters()) names.push_back(item.key());
@@ -75,7 +75,7 @@ TEST(TorchScriptModule, HasPythonsNamesAndOutputsAndAnOptimizerStepReachesTheScr
 TEST(TorchScriptModule, DdpOfTwoRanksEqualsOneProcessAccumulatingBothHalves) {
   testing::TempDir dir;
   const PythonModel py = python_model(dir);
-  if (py.file.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (py.file.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
   const torch::Tensor x = torch::randn({96, 16}, gen), y = torch::randint(0, 4, {96}, gen, torch::kInt64);
   const auto loss = [](const torch::Tensor& out, const torch::Tensor& t) {
@@ -124,7 +124,7 @@ std::vector<std::string> block_names(TorchScriptModuleImpl& model) {
 // blocks run in order compute the forward, and through a block runner forward() runs them.
 TEST(TorchScriptModule, ChildrenCalledInOrderAreTheBlocksAndComputeTheForward) {
   testing::TempDir dir;
-  if (python_model(dir).file.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (python_model(dir).file.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const torch::Tensor x = torch::randn({4, 1, 28, 28}, gen);
   for (const std::string file : {"image_mlp.pt", "image_mlp_traced.pt"}) {
@@ -150,7 +150,7 @@ TEST(TorchScriptModule, ChildrenCalledInOrderAreTheBlocksAndComputeTheForward) {
 TEST(TorchScriptModule, AutocastAppliesToTheOpsTheScriptCalls) {
   testing::TempDir dir;
   const PythonModel py = python_model(dir);
-  if (py.file.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (py.file.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   TorchScriptModule model(py.file);
   const torch::Tensor x = matrix(py.io["input"]);
   EXPECT_EQ(model->forward(x).scalar_type(), torch::kFloat);

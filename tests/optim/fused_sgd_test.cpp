@@ -63,8 +63,8 @@ TEST(FusedSGD, StepsAsLibTorchsSGDDoes) {
         if (i + 1 < init.size()) EXPECT_GT(b[i]._version(), versions[i]) << "parameter " << i;
         const auto& theirs_state = theirs.state();
         const auto& ours_state = ours.state();
-        const std::string key_a = c10::guts::to_string(a[i].unsafeGetTensorImpl());
-        const std::string key_b = c10::guts::to_string(b[i].unsafeGetTensorImpl());
+        void* const key_a = a[i].unsafeGetTensorImpl();
+        void* const key_b = b[i].unsafeGetTensorImpl();
         ASSERT_EQ(theirs_state.count(key_a), ours_state.count(key_b)) << "parameter " << i;
         if (theirs_state.count(key_a) == 0) continue;
         const auto& sa = static_cast<const torch::optim::SGDParamState&>(*theirs_state.at(key_a));

@@ -107,7 +107,7 @@ class OptimizerMatchesPython : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     python_ = testing::python_with_torch();
-    if (python_.empty()) GTEST_SKIP() << "/usr/bin/python3 cannot import torch (python3-torch not installed)";
+    if (python_.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   }
   // IN for tests/python/optimizer_state.py: kind, model, data, and the optimizer state if given.
   void write_input(const std::string& path, const torch::nn::Sequential& model, const c10::IValue& optimizer) {

@@ -136,7 +136,7 @@ class TorchScriptRepository : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto made = testing::run_python_script("torchscript_serving_models.py", dir_.path());
-    if (!made) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+    if (!made) GTEST_SKIP() << testing::kNoPythonTorch;
     ASSERT_EQ(made->exit_code, 0) << made->output;
     io_ = nlohmann::json::parse(testing::read_text(dir_ / "io.json"));
     repo_ = dir_ / "models";

@@ -32,7 +32,7 @@ const std::string kTritonConfig =
 TEST(TorchScriptServe, APythonModelServesAsTritonsPyTorchBackendWouldAndAnswersAsPythonDoes) {
   testing::TempDir dir;
   const auto made = testing::run_python_script("torchscript_models.py", dir.path());
-  if (!made) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (!made) GTEST_SKIP() << testing::kNoPythonTorch;
   ASSERT_EQ(made->exit_code, 0) << made->output;
   const std::string repo = dir / "repo";
   testing::write_repository_model(repo, "residual_mlp", kTritonConfig, dir / "residual_mlp.pt");

@@ -91,7 +91,7 @@ TEST(Checkpoint, RoundTripRestoresPositionModelOptimizerAndRng) {
 
 TEST(Checkpoint, PythonTorchLoadReadsModelWeightsAndOptimizerLayout) {
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   testing::TempDir dir;
   Trained a;
   save_checkpoint(sample_checkpoint(a), dir / "c.pt");

@@ -34,7 +34,7 @@ nlohmann::json to_json(const Case& c) {
 // cosine case with torch 1.13.1).
 TEST(LrSchedule, ProducesPyTorchLrs_AllKindsWithAndWithoutWarmup) {
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   const std::vector<Case> cases{
       {LrScheduleOptions(0.1), 5},
       {LrScheduleOptions(0.1).warmup_steps(4), 8},

@@ -115,7 +115,7 @@ TEST(ShardedCheckpoint, FsdpSavesWithoutGatheringAndTheFilesHoldTheFullStateInPi
   EXPECT_EQ(c.rng.size(), 2u);
 
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   // Python's torch.load reads a rank file and the metadata; the rank file holds rank 1's shards only.
   auto r = testing::run_command(
       python + " -c \"import torch, json; f = torch.load('" + step + "/rank-00001-of-00002.pt'); m = torch.load('" +

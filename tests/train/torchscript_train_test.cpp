@@ -31,7 +31,7 @@ class TorchScriptTrain : public ::testing::Test {
  protected:
   void SetUp() override {
     python_ = testing::python_with_torch();
-    ASSERT_FALSE(python_.empty()) << "python3-torch is needed: /usr/bin/python3 cannot import torch";
+    ASSERT_FALSE(python_.empty()) << testing::kNoPythonTorch;
     const auto made = testing::run_command(python_ + " " + kScripts + "torchscript_models.py " + dir_.path());
     ASSERT_EQ(made.exit_code, 0) << made.output;
   }

@@ -337,7 +337,7 @@ TEST(Trainer, LocalStrategyTrainsBitForBitAsAPlainReferenceLoop) {
 // A state dict written by Python's torch.save, with DDP's "module." prefix, starts training.
 TEST(Trainer, InitWeightsReadsPythonTorchSaveWithDdpPrefix) {
   const std::string python = testing::python_with_torch();
-  if (python.empty()) GTEST_SKIP() << "python3-torch not installed: /usr/bin/python3 cannot import torch";
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   testing::TempDir dir;
   auto r = testing::run_command(
       python + " -c \"import sys; sys.path.insert(0, '" LOCKSTEP_SOURCE_DIR "/tests/python'); import torch, "
@@ -382,7 +382,7 @@ TEST(Trainer, TensorBoardAndJsonlRecordTheSameScalarsOnTheSchedule) {
 
   std::string tb_file;
   for (const auto& e : std::filesystem::directory_iterator(dir / "tb")) tb_file = e.path().string();
-  auto r = testing::run_command("python3 " LOCKSTEP_SOURCE_DIR "/tests/python/read_tfevents.py " + tb_file);
+  auto r = testing::run_command(LOCKSTEP_PYTHON " " LOCKSTEP_SOURCE_DIR "/tests/python/read_tfevents.py " + tb_file);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::map<std::pair<std::string, int64_t>, double> scalars;
   const auto read_back = nlohmann::json::parse(testing::last_json_line(r.output));

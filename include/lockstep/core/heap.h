@@ -115,8 +115,9 @@ class CachingCpuAllocator final : public c10::Allocator {
   CachingCpuAllocator(const CachingCpuAllocator&) = delete;
   CachingCpuAllocator& operator=(const CachingCpuAllocator&) = delete;
 
-  c10::DataPtr allocate(size_t bytes) const override;
+  c10::DataPtr allocate(size_t bytes) override;
   c10::DeleterFnPtr raw_deleter() const override;
+  void copy_data(void* dest, const void* src, size_t count) const override { default_copy_data(dest, src, count); }
 
   // The bytes a large block of `bytes` maps (its class); `bytes` rounded to pages below the threshold.
   int64_t size_class(int64_t bytes) const;

@@ -2,7 +2,7 @@
 
 #include <c10/util/Optional.h>
 #include <torch/arg.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/types.h>
@@ -68,7 +68,7 @@ class ProcessGroup {
   // Collective over the group: with kAuto, every rank maps the shared-memory segment here.
   // `interfaces`: what the backend's Gloo devices bound (empty: Gloo's default), for its subgroups'
   // own; `network`: how the ranks reach each other, for describe() ("store 10.0.0.1:29500; ...").
-  ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> backend,
+  ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
                std::chrono::milliseconds timeout, SharedMemory shared_memory = SharedMemory::kOff,
                std::vector<std::string> interfaces = {}, std::string network = "");
   ~ProcessGroup();
@@ -174,7 +174,7 @@ class ProcessGroup {
   // that stalled or died (see Note [Naming the rank that did not arrive]).
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what);
 
-  c10d::ProcessGroup& backend() { return *backend_; }
+  c10d::Backend& backend() { return *backend_; }
 
   // Note [Counting bytes on the wire]
   // Payload bytes this rank has sent in collectives since the group was made, by the cost model
@@ -209,7 +209,7 @@ class ProcessGroup {
   std::string roll_call();
 
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroup> backend_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
   std::chrono::milliseconds timeout_;
   int64_t rank_;
   int64_t size_;

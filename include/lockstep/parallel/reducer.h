@@ -1,5 +1,6 @@
 #pragma once
 
+#include <torch/csrc/autograd/variable.h>
 #include <torch/types.h>
 
 #include <memory>
@@ -14,6 +15,10 @@ struct Node;
 }
 
 namespace lockstep::parallel {
+
+// A leaf's gradient accumulator as LibTorch hands it out: an owning pointer to the autograd node
+// (a shared_ptr in older LibTorch, an intrusive_ptr in 2.14).
+using GradAccumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
 
 // How a bucket travels: as it is, or compressed to 16 bits for the all-reduce and restored after
 // (PyTorch's bf16_compress_hook / fp16_compress_hook). Gloo cannot sum bf16, so bf16 buckets are
@@ -98,7 +103,7 @@ class Reducer {
   std::vector<Bucket> buckets_;
   std::vector<int64_t> bucket_of_;  // per parameter
   std::vector<int64_t> slot_of_;    // per parameter: its position within its bucket
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: they hold our hooks
+  std::vector<GradAccumulator> accumulators_;  // kept alive: they hold our hooks
   std::vector<uintptr_t> hook_keys_;
 
   std::mutex mutex_;

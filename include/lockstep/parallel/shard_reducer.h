@@ -11,6 +11,7 @@
 
 #include "lockstep/dist/process_group.h"
 #include "lockstep/parallel/flat_parameters.h"
+#include "lockstep/parallel/reducer.h"
 
 namespace torch::autograd {
 struct Node;
@@ -77,7 +78,7 @@ class ShardReducer {
   torch::Tensor world_;  // 0-dim, N: gradients are divided by it on their way into a bucket
   std::vector<Bucket> buckets_;
   std::vector<int64_t> bucket_of_;  // per parameter
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: they hold our hooks
+  std::vector<GradAccumulator> accumulators_;  // kept alive: they hold our hooks
   std::vector<uintptr_t> hook_keys_;
   std::function<void()> reduced_;
 
