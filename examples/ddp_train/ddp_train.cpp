@@ -19,6 +19,8 @@
 #include "lockstep/amp/grad_scaler.h"
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/core/heap.h"
+#include "lockstep/core/torch_load.h"
+#include "lockstep/core/torch_save.h"
 #include "lockstep/data/dataset.h"
 #include "lockstep/data/distributed_sampler.h"
 #include "lockstep/dist/process_group.h"
@@ -64,7 +66,7 @@ int main(int argc, char** argv) {
     amp::GradScaler scaler(amp::GradScalerOptions().group(group.get()));
     int64_t start_epoch = 0;
     if (!resume.empty()) {  // every rank reads the file: on several nodes, put it where all see it
-      const auto saved = torch::pickle_load(read_file(resume)).toGenericDict();
+      const auto saved = torch_load(read_file(resume)).toGenericDict();
       models::load_state_dict(*model, saved.at("model"), resume);
       optim::load_optimizer_state_dict(optimizer, saved.at("optimizer"), resume);
       scaler.load_state_dict(saved.at("scaler").toGenericDict());
@@ -111,7 +113,7 @@ int main(int argc, char** argv) {
         state.insert("optimizer", optim::optimizer_state_dict(optimizer));
         state.insert("scaler", scaler.state_dict());
         state.insert("epoch", epoch + 1);
-        write_file_atomic(checkpoint, torch::pickle_save(state));
+        write_file_atomic(checkpoint, torch_save(state));
         const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
         std::cout << std::fixed << std::setprecision(4) << "epoch " << epoch + 1 << "/" << epochs << ": loss "
                   << first_loss << " at the first step, " << mean_loss << " mean, " << std::setprecision(1)

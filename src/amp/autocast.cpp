@@ -10,11 +10,10 @@ void check_device(torch::DeviceType device) {
               device);
 }
 
+// LibTorch 2.x autocasts to either 16-bit type on both devices (1.13's CPU autocast ran bf16 only).
 void check_dtype(torch::DeviceType device, torch::ScalarType dtype) {
-  const bool ok = dtype == torch::kBFloat16 || (device == torch::kCUDA && dtype == torch::kHalf);
-  TORCH_CHECK(ok, "autocast on ", device, " does not support dtype ", dtype, ": use ",
-              device == torch::kCUDA ? "torch::kHalf or torch::kBFloat16" : "torch::kBFloat16",
-              " (LibTorch's CPU autocast runs bf16 only)");
+  TORCH_CHECK(dtype == torch::kBFloat16 || dtype == torch::kHalf, "autocast on ", device, " does not support dtype ",
+              dtype, ": use torch::kBFloat16 or torch::kHalf");
 }
 
 }  // namespace

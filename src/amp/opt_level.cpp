@@ -136,7 +136,7 @@ void Amp::zero_grad(bool set_to_none) {
     for (auto& group : optimizer_->param_groups())
       for (auto& p : group.params()) p.mutable_grad() = torch::Tensor();
   } else {
-    optimizer_->zero_grad();
+    optimizer_->zero_grad(/*set_to_none=*/false);  // LibTorch 2.x defaults to true
   }
   if (level_ != OptLevel::kO2) return;
   for (auto& p : model_params_) {

@@ -157,7 +157,10 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
     TORCH_CHECK_VALUE(id >= 0 && id < n, "decode: token id ", id, " is not in the vocabulary (ids 0 to ", n - 1, ")");
     const AddedToken* added = added_.find_id(id);
     if (added && added->special && skip_special_tokens) continue;
-    tokens.push_back(id_to_token(id));
+    // Hugging Face's tokenizers (0.23) decode an added token matched in normalized text as its
+    // normalized content: "Linux" added to a lower-casing WordPiece decodes as "linux".
+    const bool normalized = added && added->normalized && normalizer_;
+    tokens.push_back(normalized ? normalizer_->normalize(added->content) : id_to_token(id));
     is_added.push_back(added != nullptr);
   }
   std::string out;

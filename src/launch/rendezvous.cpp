@@ -24,18 +24,18 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // How long node 0 keeps its store up for the other nodes to read a round's outcome.
-constexpr milliseconds kLeaveTimeout{10000};
+constexpr milliseconds kStoreLeaveTimeout{10000};
 // How often a joining node looks for the others, or for a reason to give up (an abort).
 constexpr milliseconds kJoinPoll{20};
 
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string to_string(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
-std::string key(int64_t round, const std::string& name) {
+std::string round_key(int64_t round, const std::string& name) {
   return "lockstep/round" + std::to_string(round) + "/" + name;
 }
 
-double seconds(milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+double as_seconds(milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 
 }  // namespace
 
@@ -54,7 +54,7 @@ Rendezvous::Rendezvous(RendezvousOptions options) : options_(std::move(options))
       TORCH_CHECK(false, "node 0 cannot host the launchers' rendezvous on port ", store_options.port,
                   " (--master-port + 1; see the README); pick a --master-port whose next port is free (c10d: ",
                   e.what(), ")");
-    TORCH_CHECK(false, "rendezvous timed out after ", seconds(options_.timeout()), " s: node ",
+    TORCH_CHECK(false, "rendezvous timed out after ", as_seconds(options_.timeout()), " s: node ",
                 options_.node_rank(), " could not reach node 0's launcher at ", endpoint(),
                 " (0 of ", options_.nnodes(), " nodes seen from here); start node 0 with the same ",
                 "--master-addr/--master-port, or raise --rdzv-timeout (c10d: ", e.what(), ")");
@@ -79,13 +79,13 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
   const int64_t nnodes = options_.nnodes();
   const std::string me = std::to_string(options_.node_rank());
   std::vector<std::string> node_keys;
-  for (int64_t n = 0; n < nnodes; ++n) node_keys.push_back(key(round, "node" + std::to_string(n)));
+  for (int64_t n = 0; n < nnodes; ++n) node_keys.push_back(round_key(round, "node" + std::to_string(n)));
 
   // See Note [Nodes agree on the job]. "NNODES ARGC NODE_RANK" of the first node to join.
   const int64_t argc = options_.program_argc();
   const std::string mine = c10::str(nnodes, " ", argc, " ", me);
-  store_->add(key(round, "connected"), 1);  // before the compareSet: see abort()
-  const std::string first = to_string(store_->compareSet(key(round, "job"), {}, to_bytes(mine)));
+  store_->add(round_key(round, "connected"), 1);  // before the compareSet: see abort()
+  const std::string first = to_string(store_->compareSet(round_key(round, "job"), {}, to_bytes(mine)));
   if (first != mine) {
     std::istringstream fields(first);
     int64_t other_nnodes = -1, other_argc = -1, other_node = -1;
@@ -99,7 +99,7 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
                             " words (PROGRAM and its arguments) but node ", other_node, " one of ", other_argc,
                             "; give every node the same PROGRAM [ARGS...] after --, and check the quoting"));
   }
-  store_->set(key(round, "nproc" + me), to_bytes(std::to_string(nproc_per_node)));
+  store_->set(round_key(round, "nproc" + me), to_bytes(std::to_string(nproc_per_node)));
   const int64_t arrivals = store_->add(node_keys[options_.node_rank()], 1);
   TORCH_CHECK(arrivals == 1, "node rank ", me, " joined rendezvous round ", round, " ", arrivals,
               " times: two launchers were given --node-rank ", me,
@@ -108,9 +108,9 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
   while (true) {
     bool all_here = false;
     try {
-      if (store_->check({key(round, "abort")})) {
-        const std::string why = to_string(store_->get(key(round, "abort")));
-        store_->add(key(round, "abort_seen"), 1);
+      if (store_->check({round_key(round, "abort")})) {
+        const std::string why = to_string(store_->get(round_key(round, "abort")));
+        store_->add(round_key(round, "abort_seen"), 1);
         TORCH_CHECK(false, why);
       }
       all_here = store_->check(node_keys);
@@ -126,7 +126,7 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
       std::vector<int64_t> missing;
       for (int64_t n = 0; n < nnodes; ++n)
         (store_->check({node_keys[n]}) ? present : missing).push_back(n);
-      TORCH_CHECK(false, "rendezvous timed out after ", seconds(options_.timeout()), " s: ",
+      TORCH_CHECK(false, "rendezvous timed out after ", as_seconds(options_.timeout()), " s: ",
                   present.size(), " of ", nnodes, " nodes arrived at ", endpoint(), " (present: ",
                   c10::Join(", ", present), "; missing: ", c10::Join(", ", missing),
                   "); start `lockstep run --nnodes ", nnodes,
@@ -136,7 +136,7 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
   }
   // Ranks follow node rank: node n's workers come after those of nodes 0..n-1.
   for (int64_t n = 0; n < nnodes; ++n) {
-    const std::string text = to_string(store_->get(key(round, "nproc" + std::to_string(n))));
+    const std::string text = to_string(store_->get(round_key(round, "nproc" + std::to_string(n))));
     const int64_t nproc = std::stoll(text);
     if (n < options_.node_rank()) a.first_rank += nproc;
     a.world_size += nproc;
@@ -154,12 +154,12 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
 // waiting in join() reads the key and fails with the same words at once. Node 0 hosts the store,
 // so when it is the one to fail it first waits (briefly) until the others have read the reason.
 void Rendezvous::abort(int64_t round, const std::string& why) {
-  store_->compareSet(key(round, "abort"), {}, to_bytes(why));
+  store_->compareSet(round_key(round, "abort"), {}, to_bytes(why));
   if (options_.node_rank() == 0) {
-    const auto deadline = Clock::now() + kLeaveTimeout;
+    const auto deadline = Clock::now() + kStoreLeaveTimeout;
     try {
       while (Clock::now() < deadline &&
-             store_->add(key(round, "abort_seen"), 0) < store_->add(key(round, "connected"), 0) - 1)
+             store_->add(round_key(round, "abort_seen"), 0) < store_->add(round_key(round, "connected"), 0) - 1)
         std::this_thread::sleep_for(kJoinPoll);
     } catch (const std::exception&) {
       // Nothing more to tell anyone.
@@ -172,7 +172,7 @@ std::string Rendezvous::report_failure(int64_t round, const std::string& what) {
   if (!store_) return what;
   try {
     // compareSet answers with the value now stored: ours if nobody was first.
-    return to_string(store_->compareSet(key(round, "failed"), {}, to_bytes(what)));
+    return to_string(store_->compareSet(round_key(round, "failed"), {}, to_bytes(what)));
   } catch (const std::exception&) {
     // Node 0 is gone; the other nodes learn of it from their own store errors.
     return what;
@@ -182,8 +182,8 @@ std::string Rendezvous::report_failure(int64_t round, const std::string& what) {
 std::optional<std::string> Rendezvous::failure(int64_t round) {
   if (!store_) return std::nullopt;
   try {
-    if (!store_->check({key(round, "failed")})) return std::nullopt;
-    return to_string(store_->get(key(round, "failed")));
+    if (!store_->check({round_key(round, "failed")})) return std::nullopt;
+    return to_string(store_->get(round_key(round, "failed")));
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
                 ": node 0's launcher has exited or the network failed (", e.what(), ")");
@@ -201,7 +201,7 @@ std::optional<std::string> Rendezvous::failure(int64_t round) {
 void Rendezvous::beat(int64_t round) {
   if (!store_) return;
   try {
-    store_->add(key(round, "beat" + std::to_string(options_.node_rank())), 1);
+    store_->add(round_key(round, "beat" + std::to_string(options_.node_rank())), 1);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
                 ": node 0's launcher has exited or the network failed (", e.what(), ")");
@@ -220,7 +220,7 @@ std::optional<int64_t> Rendezvous::silent_node(int64_t round, milliseconds timeo
     if (n == options_.node_rank()) continue;
     int64_t beats = 0;
     try {
-      beats = store_->add(key(round, "beat" + std::to_string(n)), 0);
+      beats = store_->add(round_key(round, "beat" + std::to_string(n)), 0);
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
                   ": node 0's launcher has exited or the network failed (", e.what(), ")");
@@ -238,13 +238,13 @@ std::optional<int64_t> Rendezvous::silent_node(int64_t round, milliseconds timeo
 }
 
 void Rendezvous::report_done(int64_t round) {
-  if (store_) store_->add(key(round, "done"), 1);
+  if (store_) store_->add(round_key(round, "done"), 1);
 }
 
 bool Rendezvous::all_done(int64_t round) {
   if (!store_) return true;
   try {
-    return store_->add(key(round, "done"), 0) == options_.nnodes();
+    return store_->add(round_key(round, "done"), 0) == options_.nnodes();
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
                 ": node 0's launcher has exited or the network failed (", e.what(), ")");
@@ -255,14 +255,14 @@ void Rendezvous::leave(int64_t round) {
   if (!store_) return;
   try {
     if (options_.node_rank() != 0) {
-      store_->add(key(round, "left" + std::to_string(options_.node_rank())), 1);
+      store_->add(round_key(round, "left" + std::to_string(options_.node_rank())), 1);
       return;
     }
     std::vector<std::string> others;
     for (int64_t n = 1; n < options_.nnodes(); ++n)
-      if (!silent_.count(n)) others.push_back(key(round, "left" + std::to_string(n)));
+      if (!silent_.count(n)) others.push_back(round_key(round, "left" + std::to_string(n)));
     if (others.empty()) return;
-    store_->wait(others, kLeaveTimeout);
+    store_->wait(others, kStoreLeaveTimeout);
   } catch (const std::exception&) {
     // The outcome is settled; a node that does not say goodbye in time does not change it.
   }

@@ -8,6 +8,7 @@
 
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/core/torch_load.h"
+#include "lockstep/core/torch_save.h"
 
 namespace lockstep::models {
 namespace {
@@ -39,7 +40,7 @@ void save_state_dict(const torch::nn::Module& model, const std::string& path) {
 }
 
 void save_state_dict(const c10::Dict<std::string, torch::Tensor>& dict, const std::string& path) {
-  write_file_atomic(path, torch::pickle_save(dict));
+  write_file_atomic(path, torch_save(dict));
 }
 
 void load_state_dict(torch::nn::Module& model, const c10::IValue& dict, const std::string& source) {

@@ -20,22 +20,23 @@
 // entry). LibTorch keys its state by the parameter's TensorImpl address instead, so the numbering
 // is made here, both ways, from param_groups()' order. Loading pairs the i-th number listed in the
 // saved groups with the i-th parameter of this optimizer, as Python does: the numbers are names.
-// What torch 1.13 writes, per kind:
+// What torch 2.14 writes, per kind:
 //   sgd    state {"momentum_buffer"} (None in Python without momentum); group lr, momentum,
-//          dampening, weight_decay, nesterov, and in Python 1.13 also maximize, foreach,
-//          differentiable. lockstep writes the first five, as its checkpoints always have
+//          dampening, weight_decay, nesterov, and in Python also maximize, foreach,
+//          differentiable, fused. lockstep writes the first five, as its checkpoints always have
 //          (Python's load_state_dict gives the missing flags their defaults), and reads either.
 //   adam   state {"step", "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad}; group lr,
 //          betas (a tuple), eps, weight_decay, amsgrad, maximize, foreach, capturable,
-//          differentiable, fused.
-//   adamw  the same state; group lr, betas, eps, weight_decay, amsgrad, foreach, maximize,
-//          capturable.
-// step: Python 1.13 keeps a float32 0-dim tensor, LibTorch an int64 field. It is written as Python
+//          differentiable, fused, decoupled_weight_decay (False).
+//   adamw  the same, with decoupled_weight_decay True. (1.13's AdamW wrote fewer flags, in
+//          another order: lockstep reads those files too.)
+// step: Python keeps a float32 0-dim tensor, LibTorch an int64 field. It is written as Python
 // writes it (exact up to 2^24 steps, where Python's own float32 counter stops counting too) and
 // read from a tensor, an int or a float holding a whole number.
 // The flags LibTorch lacks are written with Python's defaults. On load, maximize=True is refused
-// (LibTorch cannot ascend); foreach, capturable, differentiable and fused only choose which of
-// Python's kernels runs, not the update, and are ignored.
+// (LibTorch cannot ascend), and so is a decoupled_weight_decay that names the other kind; foreach,
+// capturable, differentiable and fused only choose which of Python's kernels runs, not the
+// update, and are ignored.
 
 
 namespace lockstep::optim {
@@ -134,6 +135,13 @@ OptimizerOptions options_from_group(OptimizerKind kind, const GenericDict& group
   TORCH_CHECK(!group.contains("maximize") || !boolean(group, "maximize", where), where,
               " has maximize=True, which LibTorch's ", to_string(kind),
               " cannot do; negate the loss instead");
+  // PyTorch 2.x's Adam with decoupled_weight_decay=True is AdamW, and AdamW's False is Adam.
+  if (kind != OptimizerKind::kSGD && group.contains("decoupled_weight_decay")) {
+    const bool decoupled = boolean(group, "decoupled_weight_decay", where);
+    TORCH_CHECK(decoupled == (kind == OptimizerKind::kAdamW), where, " has decoupled_weight_decay=",
+                decoupled ? "True" : "False", ", which makes it ", decoupled ? "adamw" : "adam", "'s state; load it into ",
+                decoupled ? "adamw" : "adam", ", not ", to_string(kind));
+  }
   try {
     o.validate();
   } catch (const c10::Error& e) {
@@ -217,17 +225,12 @@ Codec adam_codec(OptimizerKind kind) {
     g.insert("eps", o.eps());
     g.insert("weight_decay", o.weight_decay());
     g.insert("amsgrad", o.amsgrad());
-    if (kind == OptimizerKind::kAdam) {
-      g.insert("maximize", false);
-      g.insert("foreach", IValue());
-      g.insert("capturable", false);
-      g.insert("differentiable", false);
-      g.insert("fused", false);
-    } else {  // Python 1.13's AdamW: its own order, no differentiable or fused
-      g.insert("foreach", IValue());
-      g.insert("maximize", false);
-      g.insert("capturable", false);
-    }
+    g.insert("maximize", false);
+    g.insert("foreach", IValue());
+    g.insert("capturable", false);
+    g.insert("differentiable", false);
+    g.insert("fused", IValue());
+    g.insert("decoupled_weight_decay", kind == OptimizerKind::kAdamW);
     return g;
   };
   c.read_group = [kind](const GenericDict& group, const std::string& where) -> std::unique_ptr<TorchOptions> {

@@ -11,6 +11,7 @@
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/core/ivalue_dict.h"
 #include "lockstep/core/torch_load.h"
+#include "lockstep/core/torch_save.h"
 #include "lockstep/train/sharded_checkpoint.h"
 
 namespace lockstep::train {
@@ -108,7 +109,7 @@ void save_checkpoint(const Checkpoint& c, const std::string& path) {
   top.insert("optimizer", c.optimizer);
   top.insert("scaler", c.scaler);
   top.insert("rng", rng);
-  write_file_atomic(path, torch::pickle_save(top));
+  write_file_atomic(path, torch_save(top));
 }
 
 Checkpoint load_checkpoint(const std::string& path) {

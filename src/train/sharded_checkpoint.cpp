@@ -8,6 +8,7 @@
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/core/ivalue_dict.h"
 #include "lockstep/core/torch_load.h"
+#include "lockstep/core/torch_save.h"
 
 namespace lockstep::train {
 namespace {
@@ -63,7 +64,7 @@ void save_rank_file(const parallel::ShardedState& state, const torch::Tensor& rn
   top.insert("rng", rng);
   top.insert("save_id", save_id);
   write_file_atomic((fs::path(checkpoint_dir) / rank_file_name(state.rank, state.world_size)).string(),
-                    torch::pickle_save(top));
+                    torch_save(top));
 }
 
 void save_sharded_metadata(const Checkpoint& c) {
@@ -79,7 +80,7 @@ void save_sharded_metadata(const Checkpoint& c) {
   top.insert("files", files);
   top.insert("units", parallel::layouts_to_ivalue(info.layouts));
   top.insert("save_id", info.save_id);
-  write_file_atomic((fs::path(info.dir) / kShardedMetadataFile).string(), torch::pickle_save(top));
+  write_file_atomic((fs::path(info.dir) / kShardedMetadataFile).string(), torch_save(top));
 }
 
 // See Note [Sharded checkpoint files]: the metadata is the commit, and every rank file must be there.

@@ -87,14 +87,22 @@ TEST(AutocastGuard, WeightCacheLivesUntilTheOutermostGuardExits) {
   }
 }
 
-TEST(AutocastGuard, Fp16OnCpuIsAnErrorNamingTheDtype) {
-  const std::string msg = testing::error_message([] { AutocastGuard guard(torch::kCPU, torch::kHalf); });
-  EXPECT_THAT(msg, HasSubstr("does not support dtype Half"));
-  EXPECT_THAT(msg, HasSubstr("torch::kBFloat16"));
+// LibTorch 2.x's CPU autocast runs fp16 as well as bf16, as Python's torch.autocast("cpu", torch.float16).
+TEST(AutocastGuard, Fp16OnCpuCastsLinearToHalf) {
+  const torch::Tensor x = torch::randn({2, 4}), weight = torch::randn({3, 4});
+  AutocastGuard guard(torch::kCPU, torch::kHalf);
+  EXPECT_EQ(autocast_dtype(), torch::kHalf);
+  EXPECT_EQ(torch::linear(x, weight).scalar_type(), torch::kHalf);
+}
+
+TEST(AutocastGuard, ADtypeThatIsNotHalfPrecisionIsAnErrorNamingIt) {
+  const std::string msg = testing::error_message([] { AutocastGuard guard(torch::kCPU, torch::kDouble); });
+  EXPECT_THAT(msg, HasSubstr("does not support dtype Double"));
+  EXPECT_THAT(msg, HasSubstr("torch::kBFloat16 or torch::kHalf"));
   EXPECT_FALSE(autocast_enabled());
   EXPECT_EQ(nesting(), 0);
   // Disabled, the dtype is not used, so it is not checked.
-  AutocastGuard off(torch::kCPU, torch::kHalf, false);
+  AutocastGuard off(torch::kCPU, torch::kDouble, false);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "../dist/multi_rank.h"
 #include "../test_util.h"
+#include "lockstep/core/torch_save.h"
 #include "lockstep/parallel/distributed_data_parallel.h"
 
 namespace lockstep::amp {
@@ -223,7 +224,7 @@ TEST(GradScaler, PythonGradScalerLoadsOurStateDictAndWeLoadItsOwn) {
   const std::string python = testing::python_with_torch();
   if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
   testing::TempDir dir;
-  const std::vector<char> bytes = torch::pickle_save(trained_scaler().state_dict());
+  const std::vector<char> bytes = torch_save(trained_scaler().state_dict());
   std::ofstream(dir / "ours.pt", std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   const auto r = testing::run_command(python + " " LOCKSTEP_SOURCE_DIR "/tests/python/amp_grad_scaler.py " +
                                       (dir / "ours.pt") + " " + (dir / "theirs.pt"));

@@ -9,6 +9,7 @@
 
 #include "../test_util.h"
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/torch_save.h"
 #include "lockstep/models/torchscript_module.h"
 
 namespace lockstep {
@@ -49,8 +50,9 @@ TEST(PythonModelExample, TrainsPythonsModelUnderZero2AndFsdpAndPythonRunsTheResu
 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(2);
   const torch::Tensor x = torch::randn({3, 1, 28, 28}, gen);
-  write_file_atomic(dir / "x.pt", torch::pickle_save(x));
-  const auto py = testing::run_command(python + " -c \"import json, torch; m = torch.jit.load('" + (dir / "fsdp.pt") +
+  write_file_atomic(dir / "x.pt", torch_save(x));
+  // -W: PyTorch 2.x warns that TorchScript is deprecated, on stderr, which run_command interleaves.
+  const auto py = testing::run_command(python + " -W ignore::FutureWarning -c \"import json, torch; m = torch.jit.load('" + (dir / "fsdp.pt") +
                                        "').eval(); print(json.dumps(m(torch.load('" + (dir / "x.pt") + "')).tolist()))\"");
   ASSERT_EQ(py.exit_code, 0) << py.output;
   std::vector<torch::Tensor> rows;

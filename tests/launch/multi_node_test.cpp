@@ -64,8 +64,8 @@ std::vector<std::string> rank_lines(const std::vector<NodeResult>& nodes) {
   std::vector<std::string> out;
   for (const NodeResult& node : nodes) {
     std::istringstream in(node.output);
-    for (std::string line; std::getline(in, line);)
-      if (line.rfind("[rank", 0) == 0) out.push_back(line);
+    for (std::string line; std::getline(in, line);)  // PyTorch 2.x's c10d logs "[rank N] [W1128 ...] ..." warnings
+      if (line.rfind("[rank", 0) == 0 && line.find("] [W") == std::string::npos) out.push_back(line);
   }
   std::sort(out.begin(), out.end());
   return out;

@@ -11,6 +11,7 @@
 #include "../test_util.h"
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/core/torch_load.h"
+#include "lockstep/core/torch_save.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/optim/state_dict.h"
 
@@ -117,7 +118,7 @@ class OptimizerMatchesPython : public ::testing::TestWithParam<Case> {
     if (!optimizer.isNone()) in.insert("optimizer", optimizer);
     in.insert("x", data_.x);
     in.insert("y", data_.y);
-    write_file_atomic(path, torch::pickle_save(in));
+    write_file_atomic(path, torch_save(in));
   }
   std::string script(const std::vector<std::string>& args) const {
     std::string command = python_ + " " LOCKSTEP_SOURCE_DIR "/tests/python/optimizer_state.py";
@@ -158,7 +159,7 @@ TEST_P(OptimizerMatchesPython, PythonContinuesFromOurStateAsWeDo) {
   auto python_keys = report["group_keys"]["python"].get<std::vector<std::string>>();
   if (c.options.kind() == OptimizerKind::kSGD) {
     EXPECT_EQ(python_keys, (std::vector<std::string>{"lr", "momentum", "dampening", "weight_decay", "nesterov",
-                                                     "maximize", "foreach", "differentiable", "params"}));
+                                                     "maximize", "foreach", "differentiable", "fused", "params"}));
     EXPECT_EQ(report["group_keys"]["ours"], nlohmann::json({"lr", "momentum", "dampening", "weight_decay",
                                                             "nesterov", "params"}));
   } else {

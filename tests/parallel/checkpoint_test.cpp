@@ -154,7 +154,7 @@ StepMemory resnet18_step_memory(bool checkpointed, bool warm) {
   const torch::Tensor x = torch::randn({64, 3, 32, 32}), y = torch::randint(0, 10, {64}, torch::kInt64);
   if (warm) {
     F::cross_entropy(model->forward(x), y).backward();
-    model->zero_grad();  // keeps the gradients' storage, as Optimizer::zero_grad does in LibTorch 1.13
+    model->zero_grad(/*set_to_none=*/false);  // keeps the gradients' storage (2.x drops it by default)
   }
   TensorMemoryCounter::reset_peak();
   const int64_t start = TensorMemoryCounter::live_bytes();

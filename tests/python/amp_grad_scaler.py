@@ -1,6 +1,6 @@
 """Checks lockstep's GradScaler state_dict against Python's torch.cuda.amp.GradScaler.
 
-`python3 amp_grad_scaler.py OURS THEIRS` loads OURS (written by lockstep with torch::pickle_save)
+`python3 amp_grad_scaler.py OURS THEIRS` loads OURS (written by lockstep::torch_save)
 with torch.load into a GradScaler, prints what it then reports, and writes THEIRS: the state_dict
 of a GradScaler(init_scale=128, growth_interval=100) whose growth tracker is at 5.
 

@@ -1,7 +1,7 @@
 """Checks lockstep's optimizer state dicts against Python's torch.optim SGD, Adam and AdamW.
 
 The model is nn.Sequential(Linear(4, 8), Tanh(), Linear(8, 3)) with an MSE loss; step i trains on
-the batch x[i], y[i]. IN is a dict written by lockstep (torch::pickle_save) holding "kind" (sgd,
+the batch x[i], y[i]. IN is a dict written by lockstep (lockstep::torch_save) holding "kind" (sgd,
 adam or adamw), "model" (a state dict), "x" (steps, batch, 4) and "y" (steps, batch, 3). KWARGS is
 the JSON of the keyword arguments that build the Python optimizer lockstep's options describe.
 

@@ -2,7 +2,7 @@
 """Python's side of training a TorchScript model with lockstep (tests/train/torchscript_train_test.cpp).
 
 The model is torchscript_models.py's ImageMlp, as Python code (not the script); the data DATA is a
-file lockstep wrote with torch::pickle_save: {"x": (N, 1, 28, 28) float, "y": (N) int64}. An epoch
+file lockstep wrote with lockstep::torch_save: {"x": (N, 1, 28, 28) float, "y": (N) int64}. An epoch
 visits DATA in torch.utils.data.DistributedSampler's order for one replica (seed SEED, set_epoch),
 in batches of BATCH, with the mean cross-entropy and SGD(lr=LR, momentum=0.9), as lockstep's
 Trainer does.

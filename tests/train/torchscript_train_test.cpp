@@ -12,6 +12,7 @@
 #include "../test_util.h"
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/core/torch_load.h"
+#include "lockstep/core/torch_save.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/models/torchscript_module.h"
 #include "lockstep/optim/optimizer.h"
@@ -147,7 +148,7 @@ TEST_F(TorchScriptTrain, CnnTrainsOnTwoRanksAndPythonRunsBothSavedFiles) {
 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const torch::Tensor x = torch::randn({6, 1, 28, 28}, gen);
-  write_file_atomic(dir_ / "x.pt", torch::pickle_save(x));
+  write_file_atomic(dir_ / "x.pt", torch_save(x));
   const auto py = testing::run_command(python_ + " " + kScripts + "torchscript_training.py logits cnn.pt " +
                                        (dir_ / "trained.pt") + " " + (dir_ / "trained_script.pt") + " " +
                                        (dir_ / "x.pt") + " " + (dir_ / "logits.json"));
@@ -194,7 +195,7 @@ std::shared_ptr<TensorData> samples(const std::string& file) {
   c10::Dict<std::string, torch::Tensor> dict;
   dict.insert("x", x);
   dict.insert("y", y);
-  write_file_atomic(file, torch::pickle_save(dict));
+  write_file_atomic(file, torch_save(dict));
   return std::make_shared<TensorData>(x, y);
 }
 
