@@ -83,7 +83,7 @@ log::BenchRow peer_row(const BenchOptions& o, const BenchConfig& c, const std::s
   log::BenchRow r;
   r.name = c.name, r.implementation = "pytorch", r.world_size = c.world_size, r.threads = c.threads;
   r.setup = std::to_string(c.world_size) + " x " + std::to_string(c.threads) + ", batch " + std::to_string(batch);
-  r.note = "PyTorch 1.13 DDP on Gloo (../shared/peer); reports no loss or memory breakdown";
+  r.note = "PyTorch DDP on Gloo (bench/fmnist_ddp.py); reports no loss or memory breakdown";
   const auto code = run_child(argv, {"N=" + std::to_string(c.world_size), "PORT=" + std::to_string(launch::free_tcp_port()),
                                      "OMP_NUM_THREADS=" + std::to_string(c.threads)},
                               log_path, o.timeout());
@@ -113,7 +113,7 @@ void BenchOptions::validate() const {
   TORCH_CHECK_VALUE(!peer() || data() == "fashion-mnist", "--peer runs PyTorch on Fashion-MNIST, but --data is '", data(),
                     "': drop --peer or use --data fashion-mnist");
   TORCH_CHECK_VALUE(!peer() || std::filesystem::exists(peer_dir() + "/run_ddp.sh"), "--peer: no run_ddp.sh in --peer-dir '",
-                    peer_dir(), "': point --peer-dir at the Python peer (../shared/peer)");
+                    peer_dir(), "': point --peer-dir at the Python peer (bench/ in lockstep's tree)");
 }
 
 log::BenchResults run_bench(const BenchOptions& o, const std::vector<BenchConfig>& matrix,

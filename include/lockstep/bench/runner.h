@@ -22,7 +22,7 @@ struct BenchOptions {
   TORCH_ARG(double, lr) = 0.02;                       // sgd, momentum 0.9, as in lockstep and the peer
   TORCH_ARG(std::string, only) = "";                  // comma-separated configuration keys; "": all
   TORCH_ARG(bool, peer) = false;                      // also run PyTorch's counterparts
-  TORCH_ARG(std::string, peer_dir) = "../shared/peer";  // fmnist_ddp.py and run_ddp.sh
+  TORCH_ARG(std::string, peer_dir) = "bench";  // fmnist_ddp.py and run_ddp.sh (PyTorch 2.x, the venv's)
   TORCH_ARG(std::string, out) = "bench-results";
   TORCH_ARG(double, timeout) = 3600.0;                // seconds one row may take before it is killed
   TORCH_ARG(std::string, command) = "";               // the command line, for the record
