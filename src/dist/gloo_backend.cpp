@@ -1,9 +1,10 @@
 // The Gloo half of dist::ProcessGroup (see Note [Backend seam] in process_group.cpp): which
 // network interfaces a rank's Gloo binds, and the backend over a store.
-#define USE_C10D_GLOO 1
 #include "gloo_backend.h"
 
+#define USE_C10D_GLOO 1
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <c10/util/StringUtil.h>
 
@@ -19,8 +20,8 @@ namespace lockstep::dist {
 // gloo:: symbols are exported there). lockstep compiles against Debian's libgloo-dev headers
 // (2022) and links no Gloo library of its own. Two definitions of one Gloo class would break the
 // one-definition rule only where code made from our copy of a header meets libtorch's objects, so
-// this file (the one translation unit besides process_group.cpp's type names that includes the
-// header) keeps to calls that do not depend on Gloo's layout:
+// this file, the one that includes ProcessGroupGloo.hpp, keeps to calls that do not depend on
+// Gloo's layout:
 // - out-of-line functions of libtorch: ProcessGroupGloo::Options's constructor, createDefaultDevice,
 //   createDeviceForInterface and ProcessGroupGloo's constructor, whose arguments are c10d types;
 // - shared_ptr<gloo::transport::Device>s passed along, whose layout does not depend on the Device;

@@ -1,7 +1,6 @@
 #pragma once
 // Internal to src/dist: the Gloo backend behind dist::ProcessGroup (gloo_backend.cpp).
-#define USE_C10D_GLOO 1
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>

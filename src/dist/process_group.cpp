@@ -1,12 +1,10 @@
 // Note [Backend seam]: this and gloo_backend.cpp are the only translation units that name a c10d
 // backend. Gloo serves CPU tensors; NCCL would be chosen here for CUDA tensors when LibTorch was
 // built with it, and nowhere else, so the rest of lockstep stays device-generic.
-#define USE_C10D_GLOO 1
 #include "lockstep/dist/process_group.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <c10/util/StringUtil.h>
