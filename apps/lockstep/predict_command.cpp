@@ -83,8 +83,11 @@ int run_predict(const PredictArgs& a) {
   if (a.precision == "bf16") options.autocast(torch::kBFloat16);
   infer::Predictor predictor(model.module, options);
   const auto report = exporting::predict(
-      predictor, dataset, exporting::PredictOptions().batch_size(a.batch_size).warmup(a.warmup).labelled(
-                              a.images.empty() || !a.labels.empty()));
+      predictor, dataset, exporting::PredictOptions()
+                                      .batch_size(a.batch_size)
+                                      .warmup(a.warmup)
+                                      .labelled(a.images.empty() || !a.labels.empty())
+                                      .model("'" + model.file + "'"));
   if (a.json) {
     nlohmann::json j = report.to_json();
     j["model"] = model.name;

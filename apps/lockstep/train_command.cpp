@@ -202,8 +202,7 @@ Command add_train_command(CLI::App& app) {
       ->default_str("0.01 for adamw, 0 otherwise")->check(cli::non_negative_number())->group(opt);
   cmd->add_option("--seed", t.seed(), "Seed for initialisation and data order");
   cmd->add_option("--threads", o->threads(),
-                  "Intra-op threads (0: cores / LOCAL_WORLD_SIZE, here " +
-                      std::to_string(default_intra_op_threads()) + ")")
+                  "Intra-op threads (0: the cores this process may use / the processes on this node)")
       ->check(cli::non_negative_count());
   cmd->add_option("--timeout", o->timeout(),
                   "Seconds the rendezvous and each collective may take before the run fails naming the rank that "

@@ -33,16 +33,15 @@ std::optional<int64_t> env_int(const char* name) {
   char* end = nullptr;
   errno = 0;
   long long value = std::strtoll(text, &end, 10);
-  TORCH_CHECK(errno == 0 && *end == '\0', "environment variable ", name, "='", text,
+  TORCH_CHECK_VALUE(errno == 0 && end != text && *end == '\0', "environment variable ", name, "='", text,
               "' is not an integer; unset it or give a whole number");
   return value;
 }
 
 int default_intra_op_threads() {
-  // LOCAL_WORLD_SIZE wherever it is set; mpirun and srun name the count their own way.
-  const int64_t local = env_int("LOCAL_WORLD_SIZE").value_or(world_from_env().local_world_size);
-  TORCH_CHECK(local >= 1, "LOCAL_WORLD_SIZE=", local, " must be at least 1");
-  return std::max<int>(1, available_cores() / static_cast<int>(local));
+  const int64_t local = world_from_env().local_world_size;  // checked there: at least 1
+  const int cores = available_cores();
+  return local >= cores ? 1 : cores / static_cast<int>(local);
 }
 
 bool stdout_is_terminal() { return ::isatty(STDOUT_FILENO) == 1; }

@@ -49,7 +49,7 @@ std::optional<int64_t> slurm_tasks_on_node(const std::string& spec, int64_t node
       if (node < repeat) return count;
       node -= repeat;
     } catch (const std::logic_error&) {
-      TORCH_CHECK(false, "SLURM_STEP_TASKS_PER_NODE='", spec, "' is not a SLURM tasks-per-node list like 2(x3),1");
+      TORCH_CHECK_VALUE(false, "SLURM_STEP_TASKS_PER_NODE='", spec, "' is not a SLURM tasks-per-node list like 2(x3),1");
     }
   }
   return std::nullopt;
@@ -89,13 +89,31 @@ WorldInfo world_from_env() {
     w.local_rank = read_or(names.local_rank, w.rank);
     w.local_world_size = read_or(names.local_world_size, w.world_size);
     w.group_rank = read_or(names.group_rank, 0);
-    TORCH_CHECK(w.world_size >= 1, names.world_size, "=", w.world_size, " must be at least 1");
-    TORCH_CHECK(w.rank >= 0 && w.rank < w.world_size, names.rank, "=", w.rank, " is outside [0, ",
+    TORCH_CHECK_VALUE(w.world_size >= 1, names.world_size, "=", w.world_size, " must be at least 1");
+    // Before anything is sized by the world (the sampler pads its indices to a multiple of it).
+    TORCH_CHECK_VALUE(w.world_size <= kMaxWorldSize, names.world_size, "=", w.world_size,
+                      " is more ranks than lockstep runs (at most ", kMaxWorldSize, ")");
+    TORCH_CHECK_VALUE(w.rank >= 0 && w.rank < w.world_size, names.rank, "=", w.rank, " is outside [0, ",
                 w.world_size, ") given ", names.world_size, "=", w.world_size,
                 "; the launcher set inconsistent variables");
-    TORCH_CHECK(w.local_rank >= 0 && w.local_rank < w.local_world_size, names.local_rank, "=",
-                w.local_rank, " is outside [0, ", w.local_world_size, ")");
+    TORCH_CHECK_VALUE(w.local_world_size >= 1 && w.local_world_size <= w.world_size, names.local_world_size, "=",
+                      w.local_world_size, " must be between 1 and ", names.world_size, "=", w.world_size,
+                      " (the ranks on this node are some of the job's)");
+    TORCH_CHECK_VALUE(w.local_rank >= 0 && w.local_rank < w.local_world_size, names.local_rank, "=", w.local_rank,
+                      " is outside [0, ", w.local_world_size, ") given ", names.local_world_size, "=",
+                      w.local_world_size, "; the launcher set inconsistent variables");
     break;
+  }
+  if (w.source == "default") {
+    // A world without ranks would split into single processes that each train alone.
+    const std::optional<int64_t> world_size = env_int("WORLD_SIZE");
+    TORCH_CHECK_VALUE(!world_size.has_value() || *world_size == 1, "WORLD_SIZE=", world_size.value_or(1),
+                      " is set but RANK is not; set both (a launcher such as lockstep run or torchrun does) or "
+                      "neither");
+    // LOCAL_WORLD_SIZE alone: processes started beside this one by hand.
+    w.local_world_size = env_int("LOCAL_WORLD_SIZE").value_or(1);
+    TORCH_CHECK_VALUE(w.local_world_size >= 1 && w.local_world_size <= kMaxWorldSize, "LOCAL_WORLD_SIZE=",
+                      w.local_world_size, " must be at least 1 (and at most ", kMaxWorldSize, ")");
   }
   if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') {
     w.master_addr = addr;
@@ -103,7 +121,7 @@ WorldInfo world_from_env() {
   }
   if (w.source == "srun") read_slurm_step(w);
   if (auto port = env_int("MASTER_PORT")) {
-    TORCH_CHECK(*port > 0 && *port < 65536, "MASTER_PORT=", *port, " is not a TCP port (1-65535)");
+    TORCH_CHECK_VALUE(*port > 0 && *port < 65536, "MASTER_PORT=", *port, " is not a TCP port (1-65535)");
     w.master_port = static_cast<int>(*port);
   }
   w.restart_count = env_int("LOCKSTEP_RESTART_COUNT").value_or(0);

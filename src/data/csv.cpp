@@ -10,20 +10,25 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
-#include <sstream>
 
 namespace lockstep::data {
 namespace {
 
 // Splits one record starting at `pos` of `text` into fields; advances `pos` past its line end
-// (a quoted field may hold line ends). `line` counts the lines consumed.
+// (a quoted field may hold line ends). `line` counts the lines consumed. A record longer than
+// kMaxCsvRecordBytes, or of more than kMaxCsvColumns fields, is refused before it is kept.
 std::vector<std::string> next_record(const std::string& text, size_t& pos, int64_t& line, const std::string& path) {
   std::vector<std::string> fields(1);
   bool quoted = false;
   const int64_t first_line = line;
+  const size_t start = pos;
   for (; pos < text.size(); ++pos) {
+    TORCH_CHECK_VALUE(pos - start < kMaxCsvRecordBytes, "CSV file '", path, "' line ", first_line,
+                      ": a record longer than ", kMaxCsvRecordBytes, " bytes (the limit); is this a CSV file?");
     const char c = text[pos];
     if (quoted) {
       if (c == '"' && pos + 1 < text.size() && text[pos + 1] == '"') {
@@ -38,6 +43,8 @@ std::vector<std::string> next_record(const std::string& text, size_t& pos, int64
     } else if (c == '"' && fields.back().empty()) {
       quoted = true;
     } else if (c == ',') {
+      TORCH_CHECK_VALUE(fields.size() < kMaxCsvColumns, "CSV file '", path, "' line ", first_line, ": more than ",
+                        kMaxCsvColumns, " fields (the limit)");
       fields.emplace_back();
     } else if (c == '\n' || c == '\r') {
       if (c == '\r' && pos + 1 < text.size() && text[pos + 1] == '\n') ++pos;
@@ -61,16 +68,27 @@ std::string trim(const std::string& s) {
 }  // namespace
 
 CsvTable read_csv(const std::string& path, const std::string& label_column) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  TORCH_CHECK_VALUE(!std::filesystem::exists(status) || std::filesystem::is_regular_file(status), "CSV file '", path,
+                    "' is not a regular file (a directory, device, pipe or socket); give the path of a file");
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK_VALUE(in, "cannot read CSV file '", path, "': ", std::strerror(errno));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
+  std::string text(std::filesystem::file_size(path, ec), '\0');  // one copy of the file, not three
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  TORCH_CHECK_VALUE(!ec && in.gcount() == static_cast<std::streamsize>(text.size()), "cannot read CSV file '", path,
+                    "': ", ec ? ec.message() : "it changed while it was read");
   size_t pos = text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;  // a UTF-8 byte order mark
   int64_t line = 1;
   TORCH_CHECK_VALUE(pos < text.size(), "CSV file '", path, "' is empty; it needs a header line naming the columns");
   std::vector<std::string> header = next_record(text, pos, line, path);
   for (std::string& h : header) h = trim(h);
+  std::map<std::string, size_t> seen;  // a second column of a name would be read as a feature: the label's leaks
+  for (size_t c = 0; c < header.size(); ++c) {
+    const auto [at, fresh] = seen.emplace(header[c], c);
+    TORCH_CHECK_VALUE(fresh, "CSV file '", path, "' names column '", header[c], "' twice (columns ", at->second + 1,
+                      " and ", c + 1, "); give every column its own name");
+  }
   const auto label_at = std::find(header.begin(), header.end(), label_column);
   TORCH_CHECK_VALUE(label_at != header.end(), "CSV file '", path, "' has no column '", label_column,
                     "' for the labels; its header names: ", c10::Join(", ", header));
@@ -103,6 +121,9 @@ CsvTable read_csv(const std::string& path, const std::string& label_column) {
                         "CSV file '", path, "' line ", at, " column '", header[c], "': '", cell,
                         "' is not a finite number; every column but the label must be numeric (fill or drop "
                         "missing values before training)");
+      TORCH_CHECK_VALUE(std::abs(v) <= std::numeric_limits<float>::max(), "CSV file '", path, "' line ", at,
+                        " column '", header[c], "': ", cell, " is outside float32's range (magnitude at most ",
+                        std::numeric_limits<float>::max(), "); features are float32, so scale the column");
       features.push_back(static_cast<float>(v));
     }
   }
@@ -116,7 +137,13 @@ CsvTable read_csv(const std::string& path, const std::string& label_column) {
   std::vector<int64_t> ids(labels.size());
   if (integers) {
     int64_t largest = 0;
-    for (size_t i = 0; i < labels.size(); ++i) largest = std::max(largest, ids[i] = std::stoll(labels[i]));
+    for (size_t i = 0; i < labels.size(); ++i) {
+      ids[i] = std::stoll(labels[i]);
+      TORCH_CHECK_VALUE(ids[i] < kMaxCsvClasses, "CSV file '", path, "': label ", ids[i], " (row ", i + 1,
+                        ") would make ", ids[i] + 1, " classes; integer labels are their own class index, at most ",
+                        kMaxCsvClasses - 1, ". Number the classes from 0, or write them as names");
+      largest = std::max(largest, ids[i]);
+    }
     for (int64_t k = 0; k <= largest; ++k) t.classes.push_back(std::to_string(k));
   } else {
     std::map<std::string, int64_t> index;

@@ -5,15 +5,18 @@
 #include <png.h>
 
 #include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csetjmp>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
-#include "lockstep/core/atomic_file.h"
 
 // Both libraries report errors through a callback that must not return; the callbacks here
 // longjmp back to a setjmp in a helper that holds only plain C state (a jump skips destructors),
@@ -26,13 +29,10 @@ namespace {
 constexpr unsigned char kJpegMagic[] = {0xFF, 0xD8, 0xFF};
 constexpr unsigned char kPngMagic[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
 
-// PIL refuses images over twice its MAX_IMAGE_PIXELS (a "decompression bomb"); so do we, before
-// allocating: a 60-byte PNG can claim to be 10^6 x 10^6.
-constexpr int64_t kMaxPixels = 2 * (int64_t{1024} * 1024 * 1024 / 4 / 3);
-
+// Before allocating: a 60-byte PNG can claim to be 10^6 x 10^6.
 void check_pixels(const std::string& name, int64_t height, int64_t width) {
-  TORCH_CHECK(height * width <= kMaxPixels, "cannot decode image '", name, "': ", height, " x ", width,
-              " pixels is more than the ", kMaxPixels, " PIL accepts (a decompression bomb?)");
+  TORCH_CHECK(height * width <= kMaxImagePixels, "cannot decode image '", name, "': ", height, " x ", width,
+              " pixels is more than the ", kMaxImagePixels, " PIL accepts (a decompression bomb?)");
 }
 
 bool starts_with(const unsigned char* bytes, size_t size, const unsigned char* magic, size_t magic_size) {
@@ -224,17 +224,64 @@ torch::Tensor decode_png(const unsigned char* bytes, size_t size, const std::str
 
 torch::Tensor decode_image(const void* bytes, size_t size, const std::string& name) {
   const auto* data = static_cast<const unsigned char*>(bytes);
+  check_image_magic(data, size, name);
+  return starts_with(data, size, kJpegMagic, sizeof(kJpegMagic)) ? decode_jpeg(data, size, name)
+                                                                  : decode_png(data, size, name);
+}
+
+void check_image_magic(const void* bytes, size_t size, const std::string& name) {
+  const auto* data = static_cast<const unsigned char*>(bytes);
   TORCH_CHECK(size > 0, "cannot decode image '", name, "': the file is empty");
-  if (starts_with(data, size, kJpegMagic, sizeof(kJpegMagic))) return decode_jpeg(data, size, name);
-  if (starts_with(data, size, kPngMagic, sizeof(kPngMagic))) return decode_png(data, size, name);
+  if (starts_with(data, size, kJpegMagic, sizeof(kJpegMagic)) || starts_with(data, size, kPngMagic, sizeof(kPngMagic)))
+    return;
   char head[3 * 8 + 1] = {};
   for (size_t i = 0; i < std::min<size_t>(size, 8); ++i) std::snprintf(head + 3 * i, 4, "%02x ", data[i]);
   TORCH_CHECK(false, "cannot decode image '", name, "': it is neither JPEG (ff d8 ff) nor PNG (89 50 4e 47 ...); ",
               "it starts with ", std::string(head, std::strlen(head) - 1));
 }
 
+// Note [Reading an image file]
+// A file is read only when it can be an image: a regular file (a FIFO would block forever, a link
+// to /dev/zero never ends), at most kMaxImageFileBytes (the largest image PIL decodes, kMaxImagePixels,
+// stored raw, is 0.5 GiB), and starting with JPEG's or PNG's magic bytes, which are read first: a
+// 3 GB file of zeros costs 8 bytes, not 3 GB.
 torch::Tensor read_image(const std::string& path) {
-  const std::vector<char> bytes = read_file(path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // O_NONBLOCK: a FIFO opens at once
+  TORCH_CHECK(fd >= 0, "cannot read image '", path, "': ", std::strerror(errno));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  TORCH_CHECK(::fstat(fd, &st) == 0, "cannot read image '", path, "': ", std::strerror(errno));
+  TORCH_CHECK(S_ISREG(st.st_mode), "cannot read image '", path, "': it is ",
+              S_ISDIR(st.st_mode)    ? "a directory"
+              : S_ISFIFO(st.st_mode) ? "a pipe (FIFO)"
+              : S_ISCHR(st.st_mode)  ? "a character device"
+              : S_ISBLK(st.st_mode)  ? "a block device"
+                                     : "a socket",
+              ", not a regular file");
+  const auto size = static_cast<uint64_t>(st.st_size);
+  TORCH_CHECK(size <= kMaxImageFileBytes, "cannot read image '", path, "': ", size, " bytes is more than the ",
+              kMaxImageFileBytes, " an image file may have (the largest image PIL decodes, stored raw, is smaller)");
+  size_t got = 0;
+  auto read_up_to = [&](char* into, size_t want) {  // into[got, want)
+    while (got < want) {
+      const ssize_t n = ::read(fd, into + got, want - got);
+      if (n < 0 && errno == EINTR) continue;
+      TORCH_CHECK(n >= 0, "cannot read image '", path, "': ", std::strerror(errno));
+      if (n == 0) break;
+      got += static_cast<size_t>(n);
+    }
+  };
+  char head[sizeof(kPngMagic)];
+  read_up_to(head, std::min<size_t>(size, sizeof(head)));
+  check_image_magic(head, got, path);
+  std::vector<char> bytes(size);
+  std::memcpy(bytes.data(), head, got);
+  read_up_to(bytes.data(), size);
+  TORCH_CHECK(got == size, "cannot read image '", path, "': it has ", got, " of its ", size,
+              " bytes; it changed while it was read");
   return decode_image(bytes.data(), bytes.size(), path);
 }
 

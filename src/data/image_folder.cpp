@@ -3,11 +3,16 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <set>
+#include <system_error>
 
 #include "lockstep/data/image.h"
-#include <system_error>
 
 namespace lockstep::data {
 namespace {
@@ -28,22 +33,44 @@ bool has_extension(const std::string& name, const std::vector<std::string>& exte
   return std::any_of(extensions.begin(), extensions.end(), [&](const std::string& e) { return ends_with(l, e); });
 }
 
-// The files under `dir` as torchvision's make_dataset lists them: sorted(os.walk(dir,
+// Note [Walking an image folder]
+// The files under a class directory as torchvision's make_dataset lists them: sorted(os.walk(dir,
 // followlinks=True)) orders the directories by path, and each directory's files are sorted.
-// Paths are relative to `root`.
-void walk(const fs::path& root, const fs::path& dir, std::vector<std::pair<std::string, std::vector<std::string>>>& out) {
-  std::vector<std::string> files;
-  std::vector<fs::path> dirs;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::error_code type_ec;
-    if (it->is_directory(type_ec)) dirs.push_back(it->path());
-    else files.push_back(it->path().filename().string());
+// Symbolic links to directories are followed, as there, but within a class a directory (its device
+// and inode) is visited once: os.walk follows a link to "." or to a parent until the path is too
+// long, which with two such links is 2^40 paths. (A class that is a link to another class's
+// directory is listed under both names, as torchvision does.) A directory met again is skipped and listed in
+// ImageFolder::repeated_directories(), so a caller can say so. The walk keeps its own stack of
+// directories to visit, so a deep tree takes heap, not call stack.
+using Visited = std::set<std::pair<dev_t, ino_t>>;
+
+void walk(const fs::path& root, const fs::path& top, Visited& visited,
+          std::vector<std::pair<std::string, std::vector<std::string>>>& out, std::vector<std::string>& repeated) {
+  std::vector<fs::path> pending{top};
+  while (!pending.empty()) {
+    const fs::path dir = std::move(pending.back());
+    pending.pop_back();
+    struct stat st {};
+    TORCH_CHECK(::stat(dir.c_str(), &st) == 0, "cannot list the image folder directory '", dir.string(), "': ",
+                std::strerror(errno));
+    if (!visited.emplace(st.st_dev, st.st_ino).second) {
+      repeated.push_back(dir.lexically_relative(root).string());
+      continue;
+    }
+    std::vector<std::string> files;
+    std::vector<fs::path> dirs;
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code type_ec;
+      if (it->is_directory(type_ec)) dirs.push_back(it->path());
+      else files.push_back(it->path().filename().string());
+    }
+    TORCH_CHECK(!ec, "cannot list the image folder directory '", dir.string(), "': ", ec.message());
+    std::sort(files.begin(), files.end());
+    out.emplace_back(dir.lexically_relative(root).string(), std::move(files));
+    std::sort(dirs.begin(), dirs.end());
+    pending.insert(pending.end(), dirs.rbegin(), dirs.rend());  // the first sorted directory next
   }
-  TORCH_CHECK(!ec, "cannot list the image folder directory '", dir.string(), "': ", ec.message());
-  std::sort(files.begin(), files.end());
-  out.emplace_back(dir.lexically_relative(root).string(), std::move(files));
-  for (const fs::path& d : dirs) walk(root, d, out);
 }
 
 }  // namespace
@@ -69,7 +96,8 @@ ImageFolder::ImageFolder(std::string root) : root_(std::move(root)) {
   std::vector<std::string> empty;
   for (size_t c = 0; c < classes_.size(); ++c) {
     std::vector<std::pair<std::string, std::vector<std::string>>> dirs;
-    walk(root_, fs::path(root_) / classes_[c], dirs);
+    Visited visited;  // per class: two classes may be one directory (a link), as torchvision lists them
+    walk(root_, fs::path(root_) / classes_[c], visited, dirs, repeated_);
     std::sort(dirs.begin(), dirs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     const size_t before = files_.size();
     for (const auto& [dir, names] : dirs)

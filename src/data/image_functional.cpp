@@ -26,6 +26,7 @@ std::pair<int64_t, int64_t> resized_size(int64_t h, int64_t w, const std::vector
 torch::Tensor crop(const torch::Tensor& image, int64_t top, int64_t left, int64_t height, int64_t width) {
   check_image(image, "crop");
   TORCH_CHECK(height >= 0 && width >= 0, "crop: negative size ", height, " x ", width);
+  check_output_size("crop", height, width);
   auto out = torch::zeros({height, width, image.size(2)}, torch::kUInt8);
   const int64_t y0 = std::max<int64_t>(top, 0), y1 = std::min(top + height, image.size(0));
   const int64_t x0 = std::max<int64_t>(left, 0), x1 = std::min(left + width, image.size(1));
@@ -62,6 +63,7 @@ torch::Tensor pad(const torch::Tensor& image, int64_t left, int64_t top, int64_t
               top, ", right ", right, ", bottom ", bottom, ")");
   TORCH_CHECK(fill.size() == 1 || static_cast<int64_t>(fill.size()) == channels, "pad: fill has ", fill.size(),
               " values for an image of ", channels, " channels");
+  check_output_size("pad", image.size(0) + top + bottom, image.size(1) + left + right);
   auto out = torch::empty({image.size(0) + top + bottom, image.size(1) + left + right, channels}, torch::kUInt8);
   std::vector<uint8_t> colour(channels);
   for (int64_t c = 0; c < channels; ++c) colour[c] = static_cast<uint8_t>(fill.size() == 1 ? fill[0] : fill[c]);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "functional_internal.h"
 #include "lockstep/data/transforms.h"
 
 namespace lockstep::data::functional {
@@ -119,6 +120,7 @@ torch::Tensor resize(const torch::Tensor& image, int64_t height, int64_t width) 
   const int64_t channels = image.size(2);
   TORCH_CHECK(channels == 1 || channels == 3, "resize: expected 1 or 3 channels, got ", image.sizes());
   TORCH_CHECK(height > 0 && width > 0, "resize: the output size must be positive, got ", height, " x ", width);
+  check_output_size("resize", height, width);
   const int in_h = static_cast<int>(image.size(0)), in_w = static_cast<int>(image.size(1));
   TORCH_CHECK(in_h > 0 && in_w > 0, "resize: the image is empty, ", image.sizes());
   const torch::Tensor in = image.contiguous();

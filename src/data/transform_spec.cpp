@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/data/image.h"
 #include "lockstep/data/transforms.h"
 #include "transform_format.h"
 
@@ -82,9 +84,19 @@ std::pair<double, double> to_range(const SpecValue& v) {
   return {values[0], values[1]};
 }
 
+constexpr int64_t kMaxSpecInteger = 65535;
+
+// An output of height x width pixels (at least, for Resize of one size): refused here when it is
+// more than an image may have, rather than at the first batch as a request for memory.
+void check_output_area(int64_t height, int64_t width) {
+  TORCH_CHECK_VALUE(height <= kMaxImagePixels / std::max<int64_t>(width, 1), "an output of at least ", height, " x ",
+                    width, " pixels is more than the ", kMaxImagePixels, " an image may have (PIL's limit)");
+}
+
 // (height, width) from an int or a 1- or 2-tuple, as torchvision's _setup_size.
 std::pair<int64_t, int64_t> to_hw(const SpecValue& v) {
   const auto size = to_ints(v, {1, 2}, "an int or (h, w)");
+  check_output_area(size[0], size.back());
   return {size[0], size.back()};
 }
 
@@ -113,7 +125,9 @@ const std::map<std::string, SpecEntry>& registry() {
        {{"size", "interpolation", "max_size", "antialias"}, 1,
         [](const SpecArgs& a) {
           check_bilinear(a);
-          return std::make_shared<Resize>(to_ints(a.at("size"), {1, 2}, "an int or (h, w)"),
+          const auto size = to_ints(a.at("size"), {1, 2}, "an int or (h, w)");
+          check_output_area(size[0], size.back());  // one size: the shorter side, so at least size x size
+          return std::make_shared<Resize>(size,
                                           optional_arg<int64_t>(a, "max_size", to_int),
                                           optional_arg<bool>(a, "antialias", to_bool));
         }}},
@@ -186,6 +200,15 @@ std::string signature(const std::string& name, const SpecEntry& entry) {
 // A recursive-descent reader of the spec. Errors are c10::ValueError naming the spec, the
 // offset and the text there.
 class SpecParser {
+  static constexpr int kMaxNesting = 64;
+  static constexpr size_t kShownSpec = 200;
+
+  struct DepthGuard {
+    explicit DepthGuard(int& d) : depth(d) { ++depth; }
+    ~DepthGuard() { --depth; }
+    int& depth;
+  };
+
  public:
   explicit SpecParser(const std::string& spec) : spec_(spec) {}
 
@@ -212,7 +235,11 @@ class SpecParser {
   [[noreturn]] void fail(const std::string& what, size_t at = std::string::npos) const {
     at = at == std::string::npos ? pos_ : at;
     const std::string here = at < spec_.size() ? "'" + spec_.substr(at, 24) + "'" : "the end";
-    TORCH_CHECK_VALUE(false, "transform spec '", spec_, "': ", what, " at ", here, " (offset ", at,
+    // A long spec is shown by its start: the offset says where.
+    const std::string shown = spec_.size() <= kShownSpec
+                                  ? spec_
+                                  : spec_.substr(0, kShownSpec) + "... (" + std::to_string(spec_.size()) + " characters)";
+    TORCH_CHECK_VALUE(false, "transform spec '", shown, "': ", what, " at ", here, " (offset ", at,
                       "); known transforms: ", known_transforms());
   }
 
@@ -297,6 +324,9 @@ class SpecParser {
     if (pos_ >= spec_.size()) fail("expected a value");
     const char c = spec_[pos_];
     if (c == '(' || c == '[') {
+      // Python refuses 200 levels; no transform takes more than two.
+      if (depth_ == kMaxNesting) fail("values nested more than " + std::to_string(kMaxNesting) + " deep");
+      const DepthGuard nested(depth_);
       ++pos_;
       const char close = c == '(' ? ')' : ']';
       v.kind = SpecValue::Kind::kTuple;
@@ -348,7 +378,15 @@ class SpecParser {
     const bool is_float = token.find_first_of(".eE") != std::string::npos;
     v.kind = is_float ? SpecValue::Kind::kFloat : SpecValue::Kind::kInt;
     v.real = real;
-    if (!is_float) v.integer = std::strtoll(token.c_str(), nullptr, 10);
+    if (!is_float) {
+      errno = 0;
+      v.integer = std::strtoll(token.c_str(), nullptr, 10);
+      // No argument of a transform is larger than an image's side (65535 is JPEG's largest).
+      if (errno == ERANGE || v.integer > kMaxSpecInteger || v.integer < -kMaxSpecInteger)
+        fail("integer " + token + " is larger than any transform takes (at most " + std::to_string(kMaxSpecInteger) +
+                 ", the largest side of a JPEG image)",
+             start);
+    }
     if (accept('/')) {
       skip_space();
       SpecValue divisor;
@@ -362,6 +400,7 @@ class SpecParser {
 
   const std::string& spec_;
   size_t pos_ = 0;
+  int depth_ = 0;  // values open around pos_
   std::vector<size_t> starts_;
 };
 

@@ -5,6 +5,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <c10/util/Exception.h>
+#include <netdb.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <thread>
@@ -44,6 +46,17 @@ c10::intrusive_ptr<c10d::Store> tcp_store(const Endpoint& at, int64_t rank, int6
   o.numWorkers = static_cast<std::size_t>(world);
   o.waitWorkers = false;  // we count arrivals ourselves, to say how many came (see rendezvous)
   o.timeout = timeout;
+  // A host that does not resolve would be retried until the timeout and then reported as a master
+  // that never answered; it is refused at once, naming it. A temporary failure (EAI_AGAIN) is left
+  // to the store's retries.
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int resolved = ::getaddrinfo(at.host.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) ::freeaddrinfo(found);
+  TORCH_CHECK_VALUE(resolved != EAI_NONAME && resolved != EAI_FAIL, "rank ", rank, " of ", world,
+                    ": the rendezvous host '", at.host, "' does not resolve (", ::gai_strerror(resolved),
+                    "); set MASTER_ADDR (or the tcp:// host) to rank 0's host name or address");
   try {
     return c10::make_intrusive<c10d::TCPStore>(at.host, o);
   } catch (const std::exception& e) {

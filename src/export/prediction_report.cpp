@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "lockstep/models/classifier.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -37,6 +39,8 @@ PredictReport predict(infer::Predictor& predictor, const data::Dataset& dataset,
     const auto t1 = std::chrono::steady_clock::now();
     if (batch >= options.warmup() && n == options.batch_size())
       latencies_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    const std::string rows = "samples " + std::to_string(start) + "-" + std::to_string(start + n - 1);
+    models::check_logits(logits, images, r.num_classes, options.model(), rows);
     r.num_classes = logits.size(1);
     predicted.push_back(logits.argmax(1));
   }
@@ -47,13 +51,14 @@ PredictReport predict(infer::Predictor& predictor, const data::Dataset& dataset,
   if (r.labelled) {
     r.num_classes = std::max(r.num_classes, dataset.num_classes);
     r.predicted_counts.resize(r.num_classes, 0);
-    r.confusion.assign(r.num_classes, std::vector<int64_t>(r.num_classes, 0));
+    const bool confusion = r.num_classes <= kMaxConfusionClasses;
+    if (confusion) r.confusion.assign(r.num_classes, std::vector<int64_t>(r.num_classes, 0));
     const torch::Tensor labels = dataset.labels.to(torch::kLong).contiguous();
     for (int64_t i = 0; i < r.samples; ++i) {
       const int64_t truth = labels.data_ptr<int64_t>()[i];
       TORCH_CHECK(truth >= 0 && truth < r.num_classes, "label ", truth, " of sample ", i,
                   " is outside the model's classes [0, ", r.num_classes, ")");
-      ++r.confusion[truth][r.predictions[i]];
+      if (confusion) ++r.confusion[truth][r.predictions[i]];
       r.correct += truth == r.predictions[i];
     }
   }
@@ -80,7 +85,7 @@ nlohmann::json PredictReport::to_json() const {
   if (labelled) {
     j["accuracy"] = accuracy();
     j["correct"] = correct;
-    j["confusion"] = confusion;
+    j["confusion"] = confusion.empty() ? nlohmann::json(nullptr) : nlohmann::json(confusion);
   } else {
     j["predictions"] = predictions;
   }
@@ -92,17 +97,30 @@ std::string PredictReport::to_text() const {
   s << std::fixed;
   if (labelled) {
     s << "accuracy " << std::setprecision(4) << accuracy() << " (" << correct << " of " << samples << ")\n";
-    s << "confusion matrix (rows: true class, columns: predicted class)\n      ";
-    for (int64_t c = 0; c < num_classes; ++c) s << std::setw(6) << c;
-    s << "\n";
-    for (int64_t t = 0; t < num_classes; ++t) {
-      s << std::setw(6) << t;
-      for (int64_t c = 0; c < num_classes; ++c) s << std::setw(6) << confusion[t][c];
+    if (num_classes > kMaxPrintedConfusionClasses) {
+      s << "confusion matrix of " << num_classes << " classes: not printed (at most " << kMaxPrintedConfusionClasses
+        << "); "
+        << (confusion.empty() ? "not kept either (at most " + std::to_string(kMaxConfusionClasses) + " classes)"
+                              : std::string("the JSON report has it"))
+        << "\n";
+    } else {
+      s << "confusion matrix (rows: true class, columns: predicted class)\n      ";
+      for (int64_t c = 0; c < num_classes; ++c) s << std::setw(6) << c;
       s << "\n";
+      for (int64_t t = 0; t < num_classes; ++t) {
+        s << std::setw(6) << t;
+        for (int64_t c = 0; c < num_classes; ++c) s << std::setw(6) << confusion[t][c];
+        s << "\n";
+      }
     }
   } else {
     s << samples << " samples, unlabelled; predicted per class:";
-    for (int64_t c = 0; c < num_classes; ++c) s << " " << c << ":" << predicted_counts[c];
+    if (num_classes > kMaxPrintedConfusionClasses) {
+      s << " " << num_classes << " classes, not printed (at most " << kMaxPrintedConfusionClasses
+        << "); the JSON report has the counts";
+    } else {
+      for (int64_t c = 0; c < num_classes; ++c) s << " " << c << ":" << predicted_counts[c];
+    }
     s << "\n";
   }
   if (timed_batches == 0) {

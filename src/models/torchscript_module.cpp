@@ -202,10 +202,7 @@ void TorchScriptModuleImpl::check_input(const torch::Tensor& batch, int64_t num_
   train(was_training);
   TORCH_CHECK_VALUE(failure.empty(), "'", file_, "' cannot take ", data, ": a batch of shape ", batch.sizes(),
                     " fails in its forward with \"", failure, "\"", expected_input(script_));
-  TORCH_CHECK_VALUE(out.dim() == 2 && out.size(0) == batch.size(0) && out.size(1) >= num_classes, "'", file_,
-                    "' returns shape ", out.sizes(), " for a batch of shape ", batch.sizes(), " of ", data, ", which has ",
-                    num_classes, " classes: a classifier returns logits (batch, classes) with at least ", num_classes,
-                    " classes");
+  check_logits(out, batch, num_classes, "'" + file_ + "'", data + " (" + std::to_string(num_classes) + " classes)");
 }
 
 void save_torchscript(const std::string& source, const c10::Dict<std::string, torch::Tensor>& weights,

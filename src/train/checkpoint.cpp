@@ -3,6 +3,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -57,7 +58,14 @@ Checkpoint parse_checkpoint(const IValue& top_value, const std::string& source) 
   c.model = entry(top, "model", source);
   c.optimizer = entry(top, "optimizer", source);
   c.scaler = entry(top, "scaler", source);
-  for (const IValue& t : entry(top, "rng", source).toListRef()) c.rng.push_back(t.toTensor());
+  const IValue rng = entry(top, "rng", source);
+  TORCH_CHECK_VALUE(rng.isList(), source, " rng is a ", rng.tagKind(), ", not a list of generator states");
+  for (const IValue& t : rng.toListRef()) {
+    TORCH_CHECK_VALUE(t.isTensor() && t.toTensor().scalar_type() == torch::kUInt8 && t.toTensor().numel() > 0, source,
+                      " rng holds ", t.isTensor() ? "an empty or non-byte tensor" : "a " + std::string(t.tagKind()),
+                      ", not a generator state (torch.get_rng_state()'s bytes)");
+    c.rng.push_back(t.toTensor());
+  }
   return c;
 }
 
@@ -65,13 +73,28 @@ Checkpoint parse_checkpoint(const IValue& top_value, const std::string& source) 
 
 void read_position_and_run(const GenericDict& top, const std::string& source, Checkpoint& c) {
   const GenericDict position = as_dict(entry(top, "position", source), source + " position");
-  c.position.epoch = entry(position, "epoch", source).toInt();
-  c.position.micro_batch = entry(position, "micro_batch", source).toInt();
-  c.position.step = entry(position, "step", source).toInt();
-  c.position.skipped_steps = entry(position, "skipped_steps", source).toInt();
-  c.position.consecutive_skips = entry(position, "consecutive_skips", source).toInt();
-  c.position.epoch_loss_sum = entry(position, "epoch_loss_sum", source).toDouble();
-  c.position.epoch_steps = entry(position, "epoch_steps", source).toInt();
+  // Each field is checked as it is read, naming the file and the field: a forged or damaged
+  // checkpoint (a negative step, a string) is refused here, not deep in a scheduler or an assert.
+  const auto count = [&](const char* key) {
+    const IValue v = entry(position, key, source);
+    TORCH_CHECK_VALUE(v.isInt(), source, " position.", key, " is a ", v.tagKind(), ", not an integer");
+    TORCH_CHECK_VALUE(v.toInt() >= 0, source, " position.", key, " is ", v.toInt(), "; it counts, so it is at least 0");
+    return v.toInt();
+  };
+  c.position.epoch = count("epoch");
+  c.position.micro_batch = count("micro_batch");
+  c.position.step = count("step");
+  c.position.skipped_steps = count("skipped_steps");
+  c.position.consecutive_skips = count("consecutive_skips");
+  const IValue loss_sum = entry(position, "epoch_loss_sum", source);
+  TORCH_CHECK_VALUE(loss_sum.isDouble() && std::isfinite(loss_sum.toDouble()), source,
+                    " position.epoch_loss_sum is ", loss_sum.isDouble() ? std::to_string(loss_sum.toDouble()) : "a " + std::string(loss_sum.tagKind()),
+                    ", not a finite number");
+  c.position.epoch_loss_sum = loss_sum.toDouble();
+  c.position.epoch_steps = count("epoch_steps");
+  TORCH_CHECK_VALUE(c.position.skipped_steps <= c.position.step && c.position.consecutive_skips <= c.position.skipped_steps,
+                    source, " position counts ", c.position.skipped_steps, " skipped steps (", c.position.consecutive_skips,
+                    " in a row) of ", c.position.step, ": more than it took");
   for (const auto& item : as_dict(entry(top, "run", source), source + " run"))
     c.run.insert(item.key().toStringRef(), item.value());
 }

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "lockstep/core/names.h"
+#include "lockstep/core/report.h"
 #include "lockstep/data/csv.h"
 #include "lockstep/data/image_folder.h"
 #include "lockstep/models/mlp.h"
@@ -71,14 +72,25 @@ parallel::LossFunction cross_entropy() {
   };
 }
 
+// The directories a folder's walk skipped, said once (see Note [Walking an image folder]).
+void report_repeated_directories(const data::ImageFolder& folder, const Reporter& reporter) {
+  const std::vector<std::string>& repeated = folder.repeated_directories();
+  if (repeated.empty()) return;
+  report(reporter, ReportKind::kWarning,
+         c10::str("image folder '", folder.root(), "': ", repeated.size(),
+                  " directories reached again through symbolic links were skipped (each directory is read once), "
+                  "e.g. '", repeated.front(), "'"));
+}
+
 ReferenceData make_image_folder_data(const TrainOptions& o) {
   auto folder = std::make_shared<const data::ImageFolder>(o.data_dir());
+  report_repeated_directories(*folder, o.trainer().reporter());
   const std::vector<int64_t> undecodable = folder->undecodable();
   TORCH_CHECK_VALUE(undecodable.empty() || o.skip_bad_samples(), "image folder '", o.data_dir(), "' holds ",
                     undecodable.size(), " images lockstep cannot decode (it reads JPEG and PNG), e.g. '",
                     undecodable.empty() ? "" : folder->path(undecodable.front()),
                     "'; convert them, or pass --skip-bad-samples to leave them out");
-  const auto train_transforms = data::Transforms::parse(o.transform());
+  const auto train_transforms = data::Transforms::parse(o.transform().empty() ? "ToTensor()" : o.transform());
   const auto eval_transforms = o.val_transform().empty() ? train_transforms.for_evaluation()
                                                          : data::Transforms::parse(o.val_transform());
   const auto options = [&](const data::Transforms& t) {
@@ -92,6 +104,7 @@ ReferenceData make_image_folder_data(const TrainOptions& o) {
     d.test = std::make_shared<ImageFolderData>(folder, options(eval_transforms), std::move(held_out));
   } else if (!o.val_dir().empty()) {
     auto val = std::make_shared<const data::ImageFolder>(o.val_dir());
+    report_repeated_directories(*val, o.trainer().reporter());
     TORCH_CHECK_VALUE(val->classes() == folder->classes(), "--val-dir '", o.val_dir(), "' has the classes [",
                       c10::Join(", ", val->classes()), "] but --data-dir '", o.data_dir(), "' has [",
                       c10::Join(", ", folder->classes()), "]; both need the same class sub-directories");

@@ -35,27 +35,40 @@ Example ImageFolderData::transform(int64_t i, const torch::Tensor& image) const 
 }
 
 Example ImageFolderData::get_batch(const std::vector<int64_t>& indices) const {
-  if (!options_.skip_bad_samples()) return TrainingData::get_batch(indices);
   std::vector<Example> samples;
+  std::vector<int64_t> read;  // the folder's index of each sample
   std::string skipped;
   for (int64_t index : indices) {
     TORCH_CHECK_INDEX(index >= 0 && index < size(), "sample ", index, " is out of range [0, ", size(), ")");
     const int64_t i = indices_[index];
     torch::Tensor image;
-    try {  // only reading and decoding: a transform that fails fails for every file
+    if (!options_.skip_bad_samples()) {
       image = data::read_image(folder_->path(i));
-    } catch (const c10::Error& e) {
-      skipped = folder_->path(i);
-      std::lock_guard<std::mutex> lock(bad_mutex_);
-      if (bad_.insert(i).second)
-        report(options_.reporter(), ReportKind::kWarning,
-               c10::str("skipping ", e.what_without_backtrace(), " (", bad_.size(), " skipped so far)"));
-      continue;
+    } else {
+      try {  // only reading and decoding: a transform that fails fails for every file
+        image = data::read_image(folder_->path(i));
+      } catch (const c10::Error& e) {
+        skipped = folder_->path(i);
+        std::lock_guard<std::mutex> lock(bad_mutex_);
+        if (bad_.insert(i).second)
+          report(options_.reporter(), ReportKind::kWarning,
+                 c10::str("skipping ", e.what_without_backtrace(), " (", bad_.size(), " skipped so far)"));
+        continue;
+      }
     }
     samples.push_back(transform(i, image));
+    read.push_back(i);
   }
-  TORCH_CHECK(!samples.empty(), "none of the ", indices.size(), " images of a batch could be read, e.g. '", skipped,
+  TORCH_CHECK(!samples.empty() || indices.empty(), "none of the ", indices.size(),
+              " images of a batch could be read, e.g. '", skipped,
               "'; skip_bad_samples leaves out single files, not whole batches: check the folder");
+  // Stacking needs one shape; say which files differ and how to make them agree.
+  for (size_t k = 1; k < samples.size(); ++k)
+    TORCH_CHECK_VALUE(samples[k].data.sizes() == samples[0].data.sizes(),
+                      "images of one batch differ in shape after the transforms: '", folder_->path(read[0]),
+                      "' gives ", samples[0].data.sizes(), " and '", folder_->path(read[k]), "' gives ",
+                      samples[k].data.sizes(), "; a batch stacks images of one shape, so make them agree: add ",
+                      "Resize((H, W)) or CenterCrop(size) before ToTensor() to the transforms");
   return collate(std::move(samples));
 }
 

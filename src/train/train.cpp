@@ -70,7 +70,7 @@ TrainResult train(const TrainOptions& given) {
     const SingleThreadGuard check_thread;
     ProcessMemory process;
     process.data = std::max<int64_t>(0, resident_bytes() - before_data);
-    const int64_t local_ranks = std::max<int64_t>(1, env_int("LOCAL_WORLD_SIZE").value_or(1));
+    const int64_t local_ranks = world.local_world_size;
     check_memory_plan(o, MemoryPlanOptions().world_size(world.world_size).local_ranks(local_ranks), data, process,
                       available_memory(MemoryLimitOptions().local_ranks(local_ranks)));
     // The dry runs' blocks and high water are not the run's: See Note [Caching large CPU blocks].

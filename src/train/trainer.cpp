@@ -166,7 +166,10 @@ class Trainer::Loop {
     if (o_.progress() && leader_)
       progress.emplace(*o_.progress(), o_.progress() == &std::cout && stdout_is_terminal(),
                        "epoch " + std::to_string(pos_.epoch + 1) + "/" + std::to_string(o_.epochs()), n);
-    const int64_t first = std::min(pos_.micro_batch, micro_batches);
+    TORCH_CHECK_VALUE(pos_.micro_batch <= micro_batches, "checkpoint '", checkpointer_->resumed_from(),
+                      "' position.micro_batch is ", pos_.micro_batch, ", beyond the ", micro_batches,
+                      " micro-batches of epoch ", pos_.epoch + 1, ": it was not written for this data");
+    const int64_t first = pos_.micro_batch;
     loader_->start(batches, first, pos_.epoch, o_.seed());
     const auto t0 = Clock::now();
     while (pos_.micro_batch < micro_batches) {

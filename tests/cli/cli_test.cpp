@@ -89,6 +89,43 @@ INSTANTIATE_TEST_SUITE_P(
                       BadInput{"predict --model convnet --batch-size 0", "--batch-size: '0' must be at least 1"},
                       BadInput{"predict --model convnet --limit -1", "--limit: '-1' must be at least 0"}));
 
+// Issue 53 item 1: a scheduler's inconsistent variables aborted every command (rc 134, a core),
+// because the --threads help text read the world while the CLI was built. Now --version and
+// --help never read it, and a command that needs the world exits 2 naming the variable, its value
+// and the rule.
+class CliWorldFromEnv : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(CliWorldFromEnv, NeverNeededForVersionOrHelpAndRefusedByTrainWithExitTwo) {
+  const std::string env = "env " + GetParam().args + " ";
+  auto version = run_command(env + kCli + " --version");
+  EXPECT_EQ(version.exit_code, 0) << version.output;
+  EXPECT_THAT(version.output, HasSubstr("lockstep 0.1.0"));
+  auto help = run_command(env + kCli + " train --help");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  auto train = run_command(env + kCli + " train --quiet --data synthetic --limit 20 --ignore-memory-plan --timeout 5");
+  EXPECT_EQ(train.exit_code, 2) << train.output;
+  EXPECT_THAT(train.output, HasSubstr(GetParam().message));
+  EXPECT_THAT(train.output, ::testing::Not(HasSubstr("terminate called")));
+  EXPECT_THAT(train.output, ::testing::Not(HasSubstr("Exception raised from")));  // no C++ backtrace
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SchedulerVariables, CliWorldFromEnv,
+    ::testing::Values(
+        BadInput{"RANK=2 WORLD_SIZE=2", "RANK=2 is outside [0, 2) given WORLD_SIZE=2"},
+        BadInput{"RANK=0 WORLD_SIZE=0", "WORLD_SIZE=0 must be at least 1"},
+        BadInput{"RANK=0 WORLD_SIZE=-1", "WORLD_SIZE=-1 must be at least 1"},
+        BadInput{"WORLD_SIZE=2", "WORLD_SIZE=2 is set but RANK is not"},
+        // Issue 53 item 4: the memory plan's probe grew to 2.3 GB for a world of 10^8, before any timeout.
+        BadInput{"RANK=0 WORLD_SIZE=99999999", "WORLD_SIZE=99999999 is more ranks than lockstep runs (at most 1048576)"},
+        BadInput{"MASTER_PORT=abc", "MASTER_PORT='abc' is not an integer"},
+        BadInput{"MASTER_PORT=0", "MASTER_PORT=0 is not a TCP port (1-65535)"},
+        BadInput{"MASTER_PORT=70000", "MASTER_PORT=70000 is not a TCP port (1-65535)"},
+        BadInput{"LOCAL_WORLD_SIZE=0", "LOCAL_WORLD_SIZE=0 must be at least 1"},
+        BadInput{"RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=0", "LOCAL_WORLD_SIZE=0 must be between 1 and WORLD_SIZE=1"},
+        BadInput{"SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=5 SLURM_NTASKS_PER_NODE=2",
+                 "SLURM_LOCALID=5 is outside [0, 2) given SLURM_NTASKS_PER_NODE=2"}));
+
 TEST(Cli, MissingDataDirectoryExitsOneNamingPathAndPackage) {
   auto r = run_command(kCli + " train --quiet --data-dir /nonexistent/fmnist");
   EXPECT_EQ(r.exit_code, 1) << r.output;

@@ -11,7 +11,10 @@
 #include <thread>
 
 #include "../test_util.h"
+#include "lockstep/core/atomic_file.h"
 #include "lockstep/core/directory_lock.h"
+#include "lockstep/core/torch_load.h"
+#include "lockstep/core/torch_save.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/models/zoo.h"
 
@@ -126,6 +129,39 @@ TEST(TrainFaults, AStalledRankIsNamedAfterTheTimeout) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("Rank 1 did not sign in within 2 s of the failure: it stalled")) << r.output;
   EXPECT_THAT(r.output, HasSubstr(") is stopped by SIGSTOP")) << r.output;
+}
+
+// Issue 53 item 15: a checkpoint whose position.micro_batch lies beyond its epoch resumed, trained
+// 0 steps and exited 0 with "final_loss": null. It is refused, naming the file and the field.
+TEST(TrainFaults, ACheckpointPositionBeyondItsEpochIsRefused) {
+  testing::TempDir dir;
+  const std::string run = kSmallRun + " --checkpoint-dir " + dir / "ckpt" + " --resume latest";
+  const auto first = run_command(run);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string file = dir / "ckpt/step-00000004.pt";
+  c10::impl::GenericDict top = torch_load(read_file(file)).toGenericDict();
+  c10::impl::GenericDict position = top.at("position").toGenericDict();
+  position.insert_or_assign("epoch", int64_t{0});
+  position.insert_or_assign("micro_batch", int64_t{1000000});
+  write_file_atomic(file, torch_save(top));
+  const auto resumed = run_command(run);
+  EXPECT_EQ(resumed.exit_code, 2) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("checkpoint '" + file + "' position.micro_batch is 1000000, beyond the 4 "
+                                        "micro-batches of epoch 1"));
+  EXPECT_THAT(resumed.output, Not(HasSubstr("final_loss")));
+}
+
+// Issue 53 item 22: a MASTER_ADDR that does not resolve waited the whole timeout, then blamed the
+// port. Now it is named at once (.invalid never resolves: RFC 2606).
+TEST(TrainFaults, AMasterAddrThatDoesNotResolveIsNamedAtOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = run_command("MASTER_ADDR=no-such-host.invalid MASTER_PORT=29431 RANK=1 WORLD_SIZE=2 timeout 120 " +
+                             kSmallRun + " --ignore-memory-plan --timeout 60");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("rank 1 of 2: the rendezvous host 'no-such-host.invalid' does not resolve"));
+  EXPECT_THAT(r.output, HasSubstr("set MASTER_ADDR"));
+  EXPECT_LT(seconds, 30.0) << "waited for the timeout";
 }
 
 }  // namespace

@@ -40,6 +40,31 @@ TEST(ImageFolder, FilesItCannotDecodeAreListed) {
   EXPECT_EQ(folder.undecodable(), (std::vector<int64_t>{1, 3}));
 }
 
+// Issue 53 item 5: two symbolic links to "." inside a class walked 2^40 paths and never ended.
+// Links are followed, but within a class each directory (device and inode) is read once; the
+// skipped ones are listed (Note [Walking an image folder]).
+TEST(ImageFolder, SymbolicLinksAreFollowedButNoDirectoryIsReadTwice) {
+  testing::TempDir dir;
+  namespace fs = std::filesystem;
+  fs::create_directories(dir / "cls/sub");
+  fs::create_directories(dir / "other");
+  for (const char* name : {"cls/a.png", "cls/sub/b.png", "other/c.png", "elsewhere.png"})
+    std::ofstream(dir / name) << "x";
+  const fs::path outside = fs::path(dir.path()).parent_path() / ("linked-" + fs::path(dir.path()).filename().string());
+  fs::create_directories(outside);
+  std::ofstream(outside / "d.png") << "x";
+  fs::create_directory_symlink(".", dir / "cls/loop1");
+  fs::create_directory_symlink(".", dir / "cls/loop2");
+  fs::create_directory_symlink("..", dir / "cls/sub/up");
+  fs::create_directory_symlink(outside, dir / "other/outside");  // followed: a directory not seen before
+  const ImageFolder folder(dir.path());
+  std::vector<std::string> files;
+  for (int64_t i = 0; i < folder.size(); ++i) files.push_back(folder.path(i).substr(dir.path().size() + 1));
+  EXPECT_EQ(files, (std::vector<std::string>{"cls/a.png", "cls/sub/b.png", "other/c.png", "other/outside/d.png"}));
+  EXPECT_EQ(folder.repeated_directories(), (std::vector<std::string>{"cls/loop1", "cls/loop2", "cls/sub/up"}));
+  fs::remove_all(outside);
+}
+
 TEST(ImageFolder, ARootWithoutClassesOrAClassWithoutImagesIsRefusedNamingIt) {
   testing::TempDir dir;
   auto message = [](const std::string& root) {

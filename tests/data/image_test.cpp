@@ -4,16 +4,19 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 #include <zlib.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "../test_util.h"
 #include "image_oracle.h"
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/process.h"
 
 namespace lockstep::data {
 namespace {
@@ -61,6 +64,35 @@ TEST(Image, RefusesBrokenFilesNamingThemAndTheDecodersComplaint) {
   }
   EXPECT_THAT(testing::error_message([&] { read_image(oracle->path("truncated.png")); }), HasSubstr("truncated"));
   EXPECT_THAT(testing::error_message([&] { read_image(oracle->path("text.jpg")); }), HasSubstr("starts with 6e 6f 74"));
+}
+
+// Issue 53 item 6: a FIFO named .png blocked forever, x.png linked to /dev/zero ended in
+// std::bad_alloc naming nothing, a 3 GB sparse file was read whole before its first bytes were
+// checked. Each is refused naming the file, before its bytes are read (Note [Reading an image file]).
+TEST(Image, RefusesWhatCannotBeAnImageFileBeforeReadingIt) {
+  testing::TempDir dir;
+  const std::string fifo = dir / "pipe.png";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(testing::error_message([&] { read_image(fifo); }),
+              HasSubstr("cannot read image '" + fifo + "': it is a pipe (FIFO), not a regular file"));
+  const std::string zero = dir / "zero.png";
+  std::filesystem::create_symlink("/dev/zero", zero);
+  EXPECT_THAT(testing::error_message([&] { read_image(zero); }),
+              HasSubstr("cannot read image '" + zero + "': it is a character device, not a regular file"));
+  EXPECT_THAT(testing::error_message([&] { read_image(dir.path()); }), HasSubstr("it is a directory"));
+  const std::string huge = dir / "huge.png";
+  std::ofstream(huge) << "";
+  std::filesystem::resize_file(huge, uint64_t{3} << 30);  // sparse: takes no disk
+  EXPECT_THAT(testing::error_message([&] { read_image(huge); }),
+              HasSubstr("cannot read image '" + huge + "': 3221225472 bytes is more than the 1073741824"));
+  // Below the bound, a file that does not start as an image costs its first bytes, not its size.
+  const std::string zeros = dir / "zeros.png";
+  std::ofstream(zeros) << "";
+  std::filesystem::resize_file(zeros, uint64_t{512} << 20);
+  const double before = peak_rss_mib();
+  EXPECT_THAT(testing::error_message([&] { read_image(zeros); }),
+              HasSubstr("neither JPEG (ff d8 ff) nor PNG (89 50 4e 47 ...); it starts with 00 00 00 00 00 00 00 00"));
+  EXPECT_LT(peak_rss_mib() - before, 64.0);
 }
 
 // A header claiming 60000 x 60000 pixels is refused before any allocation, as PIL refuses a

@@ -232,6 +232,15 @@ TEST(TransformSpec, BadSpecsNameTheSpecTheTextAndWhatIsKnown) {
       {"RandomCrop(8, padding_mode='edge')", "padding_mode 'edge' is not supported"},
       {"Resize(size=3, 4)", "a positional argument after a keyword argument"},
       {"", "no transforms"},
+      // Issue 53 item 18: sizes no image can have were accepted here and refused at the first batch
+      // as a memory request; 10^23 was clamped to INT64_MAX.
+      {"Resize(100000)", "integer 100000 is larger than any transform takes (at most 65535, the largest side of a "
+                         "JPEG image) at '100000)'"},
+      {"Resize(99999999999999999999999)", "integer 99999999999999999999999 is larger than any transform takes"},
+      {"RandomCrop(28, padding=100000)", "integer 100000 is larger"},
+      {"Resize(20000)", "an output of at least 20000 x 20000 pixels is more than the 178956970 an image may have"},
+      {"CenterCrop((60000, 60000))", "an output of at least 60000 x 60000 pixels"},
+      {"RandomResizedCrop(30000)", "an output of at least 30000 x 30000 pixels"},
   };
   for (const auto& [spec, expected] : cases) {
     try {
@@ -242,6 +251,30 @@ TEST(TransformSpec, BadSpecsNameTheSpecTheTextAndWhatIsKnown) {
       EXPECT_THAT(e.what_without_backtrace(), HasSubstr(expected)) << spec;
     }
   }
+}
+
+// Issue 53 item 2: 30,000 nested parentheses overflowed the parser's stack (rc 139). Values nest
+// at most 64 deep; the message shows a long spec by its start, so it stays short.
+TEST(TransformSpec, DeepNestingIsRefusedNotRecursedInto) {
+  for (const size_t depth : {65, 30000, 1000000}) {
+    const std::string spec = "Resize(" + std::string(depth, '(') + "28" + std::string(depth, ')') + ")";
+    const std::string message = testing::error_message([&] { Transforms::parse(spec); });
+    EXPECT_THAT(message, HasSubstr("values nested more than 64 deep")) << depth;
+    if (spec.size() > 200) EXPECT_THAT(message, HasSubstr("(" + std::to_string(spec.size()) + " characters)")) << depth;
+    EXPECT_LT(message.size(), 1000u) << depth;
+  }
+  // 64 deep parses as Python reads it: (((28))) is 28.
+  EXPECT_EQ(Transforms::parse("Resize(" + std::string(64, '(') + "28" + std::string(64, ')') + ")").str(),
+            Transforms::parse("Resize(28)").str());
+}
+
+// Padding within the integer bound can still ask for more pixels than an image may have: refused by
+// the transform, naming the size, before the allocation.
+TEST(Transform, PaddingBeyondTheImageLimitIsRefusedBeforeAllocating) {
+  SampleRandom random(0, 0, 0);
+  const torch::Tensor image = torch::zeros({28, 28, 1}, torch::kUInt8);
+  EXPECT_THAT(testing::error_message([&] { Transforms::parse("RandomCrop(28, padding=60000)")(image, random); }),
+              HasSubstr("pad: an output of 120028 x 120028 pixels is more than the 178956970"));
 }
 
 // After ToTensor a transform that needs the uint8 image refuses a float tensor with a message

@@ -92,6 +92,65 @@ TEST(PredictModelFile, ATorchScriptModuleFromPythonPredictsAsThePredictorDoes) {
   EXPECT_THAT(neither.output, HasSubstr("give --weights (for --model convnet) or --model-file"));
 }
 
+// Issue 53 items 3, 10 and 21: predict --model-file on a module whose output is not a classifier's
+// crashed (fewer rows than the batch: rc 139), or scored it (NaN logits, (B, 10, 3): rc 0 with an
+// accuracy), or failed naming no file ((B,): "Dimension out of range"). models::check_logits,
+// which training uses too, now refuses each naming the file, with exit 2.
+TEST(PredictModelFile, AnOutputThatIsNotLogitsIsRefusedNamingTheFile) {
+  const testing::PythonFixture made = testing::python_fixture("torchscript_models.py");
+  if (made.dir.empty() && made.error.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
+  ASSERT_TRUE(made.error.empty()) << made.error;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"fewer_rows", "returns shape [49, 10] for a batch of shape [50, 1, 28, 28] of samples 0-49"},
+      {"nan", "returns 500 non-finite logits (NaN or inf) of 500"},
+      {"three_dims", "returns shape [50, 10, 3]"},
+      {"one_dim", "returns shape [50]"}};
+  for (const auto& [kind, expected] : cases) {
+    const std::string file = made.dir + "/bad_output_" + kind + ".pt";
+    const auto r = testing::run_command(kCli + " predict --model-file " + file + " --limit 100 --batch-size 50");
+    EXPECT_EQ(r.exit_code, 2) << kind << ": " << r.output;
+    EXPECT_THAT(r.output, HasSubstr("'" + file + "' " + expected)) << kind;
+    if (kind != "nan") EXPECT_THAT(r.output, HasSubstr("a classifier returns logits")) << kind;
+    EXPECT_THAT(r.output, ::testing::Not(HasSubstr("accuracy"))) << kind;
+  }
+  // Training refuses the same files through the same check.
+  const auto train = testing::run_command(kCli + " train --quiet --model-file " + made.dir +
+                                          "/bad_output_nan.pt --limit 100 --batch-size 50 --ignore-memory-plan");
+  EXPECT_NE(train.exit_code, 0) << train.output;
+  EXPECT_THAT(train.output, HasSubstr("non-finite logits (NaN or inf)"));
+}
+
+// Issue 53 item 8: a 10^4-class model printed a 10^4 x 10^4 confusion matrix (600 MB of stdout).
+// The matrix is printed up to 32 classes and kept (JSON) up to 1000.
+TEST(Predict, ConfusionMatrixIsBoundedByTheClassCount) {
+  data::Dataset ds;
+  ds.labels = torch::tensor({0, 1, 2, 3}, torch::kLong);
+  ds.images = torch::zeros({4, 1, 1, 1}, torch::kUInt8);
+  ds.num_classes = 4;
+  ds.mean = 0.0;
+  ds.stddev = 1.0;
+  struct WideImpl : torch::nn::Module {
+    explicit WideImpl(int64_t k) : classes(k) {}
+    torch::Tensor forward(const torch::Tensor& x) { return torch::zeros({x.size(0), classes}); }
+    int64_t classes;
+  };
+  for (const int64_t classes : {32, 33, 1000, 10000}) {
+    infer::Predictor predictor(torch::nn::AnyModule(std::make_shared<WideImpl>(classes)));
+    const auto report = exporting::predict(predictor, ds, exporting::PredictOptions().batch_size(4).warmup(0));
+    EXPECT_EQ(report.correct, 1) << classes;  // every sample predicted as class 0
+    const std::string text = report.to_text();
+    EXPECT_LT(text.size(), 8000u) << classes;
+    EXPECT_EQ(report.confusion.size(), classes <= 1000 ? static_cast<size_t>(classes) : 0u) << classes;
+    if (classes <= 32) {
+      EXPECT_THAT(text, HasSubstr("confusion matrix (rows: true class")) << classes;
+    } else {
+      EXPECT_THAT(text, HasSubstr("confusion matrix of " + std::to_string(classes) + " classes: not printed (at most 32)"));
+      EXPECT_THAT(text, HasSubstr(classes <= 1000 ? "the JSON report has it" : "not kept either (at most 1000 classes)"));
+    }
+    EXPECT_EQ(report.to_json()["confusion"].is_null(), classes > 1000) << classes;
+  }
+}
+
 class PredictCli : public ::testing::Test {
  protected:
   // A briefly trained mlp, so that accuracy is far from chance and the confusion matrix is not

@@ -93,6 +93,27 @@ class NoParameters(nn.Module):
 
 
 # The models the training tests build, by file name: what Python's own code for them is.
+class BadOutput(nn.Module):
+    """ImageMlp whose output is not a classifier's (issue 53 items 3, 10 and 21): `kind` picks how."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.net = ImageMlp()
+        self.kind = kind
+
+    def forward(self, x):
+        y = self.net(x)
+        if self.kind == "fewer_rows":
+            return y[: max(1, y.shape[0] - 1)]
+        if self.kind == "nan":
+            return y * float("nan")
+        if self.kind == "three_dims":
+            return y.unsqueeze(-1).expand(-1, -1, 3)
+        return y.sum(1)  # one_dim: (B,)
+
+
+BAD_OUTPUTS = ["fewer_rows", "nan", "three_dims", "one_dim"]
+
 MODELS = {"image_mlp.pt": ImageMlp, "image_mlp_traced.pt": ImageMlp, "cnn.pt": SmallCnn}
 
 
@@ -115,6 +136,8 @@ def main(out_dir):
                        ("no_parameters.pt", lambda: torch.jit.script(NoParameters()))]:
         torch.manual_seed(1)
         make().save(f"{out_dir}/{name}")
+    for kind in BAD_OUTPUTS:
+        torch.jit.script(BadOutput(kind)).save(f"{out_dir}/bad_output_{kind}.pt")
     torch.manual_seed(1)
     torch.save(ImageMlp().state_dict(), f"{out_dir}/state_dict.pt")
 

@@ -7,12 +7,16 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 
 #include <signal.h>
 #include <unistd.h>
 
 #include "../test_util.h"
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/torch_load.h"
+#include "lockstep/core/torch_save.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/models/zoo.h"
 #include "lockstep/optim/state_dict.h"
@@ -198,6 +202,39 @@ TEST(Checkpoint, CorruptOrForeignFilesAreRefusedWithTheReason) {
   EXPECT_THAT(testing::error_message([&] { load_checkpoint(dir / "weights.pt"); }),
               HasSubstr("has no 'format' entry: it is not a complete lockstep checkpoint"));
 
+}
+
+// Issue 53 items 15 and 20: forged positions were taken as they were (a negative step reached the
+// LR schedule's check, a string step an INTERNAL ASSERT, an empty RNG state the generator, none
+// naming the file; -7 skipped steps were printed). Each field is checked on read, naming both.
+TEST(Checkpoint, ForgedPositionFieldsAreRefusedNamingTheFileAndTheField) {
+  testing::TempDir dir;
+  Trained a;
+  save_checkpoint(sample_checkpoint(a), dir / "c.pt");
+  const std::vector<char> good = read_file(dir / "c.pt");
+  // The checkpoint with `change` made to its top-level dict, saved as bad.pt.
+  auto forged = [&](const std::function<void(c10::impl::GenericDict&)>& change) {
+    c10::impl::GenericDict top = torch_load(good).toGenericDict();
+    change(top);
+    write_file_atomic(dir / "bad.pt", torch_save(top));
+    return testing::error_message([&] { load_checkpoint(dir / "bad.pt"); });
+  };
+  auto position = [&](const std::string& key, const c10::IValue& value) {
+    return forged([&](c10::impl::GenericDict& top) { top.at("position").toGenericDict().insert_or_assign(key, value); });
+  };
+  const std::string file = "checkpoint '" + (dir / "bad.pt") + "'";
+  EXPECT_THAT(position("step", int64_t{-5}), HasSubstr(file + " position.step is -5; it counts, so it is at least 0"));
+  EXPECT_THAT(position("step", std::string("19")), HasSubstr(file + " position.step is a String, not an integer"));
+  EXPECT_THAT(position("skipped_steps", int64_t{-7}), HasSubstr(file + " position.skipped_steps is -7"));
+  EXPECT_THAT(position("skipped_steps", int64_t{20}), HasSubstr("counts 20 skipped steps (0 in a row) of 19"));
+  EXPECT_THAT(position("epoch_loss_sum", std::numeric_limits<double>::quiet_NaN()),
+              HasSubstr(file + " position.epoch_loss_sum is nan, not a finite number"));
+  EXPECT_THAT(forged([](c10::impl::GenericDict& top) {
+                top.insert_or_assign("rng", c10::List<torch::Tensor>({torch::empty({0}, torch::kUInt8)}));
+              }),
+              HasSubstr(file + " rng holds an empty or non-byte tensor, not a generator state"));
+  EXPECT_THAT(forged([](c10::impl::GenericDict& top) { top.insert_or_assign("rng", int64_t{3}); }),
+              HasSubstr(file + " rng is a Int, not a list of generator states"));
 }
 
 TEST(Checkpoint, ListingIgnoresTemporaryFilesAndKeepLastRemovesTheOldest) {

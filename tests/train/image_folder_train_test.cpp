@@ -14,6 +14,7 @@
 #include "../python_script.h"
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/core/torch_load.h"
+#include "lockstep/data/image.h"
 #include "lockstep/data/image_folder.h"
 #include "lockstep/train/image_folder_data.h"
 
@@ -194,6 +195,29 @@ TEST_F(ImageFolderTrain, ImagesOfAnotherShapeThanTheModelsAreRefusedWithTheTrans
   EXPECT_THAT(r.output, HasSubstr("model 'convnet' takes images of shape [1, 28, 28]"));
   EXPECT_THAT(r.output, HasSubstr("shape [3, 28, 28]"));
   EXPECT_THAT(r.output, HasSubstr("Grayscale()"));
+  // Issue 53 item 16: without --transform the default is ToTensor(), as --help says (it was "").
+  const auto by_default = train("--model convnet");
+  EXPECT_EQ(by_default.exit_code, 2) << by_default.output;
+  EXPECT_THAT(by_default.output, HasSubstr("shape [3, 28, 28]"));
+  EXPECT_THAT(by_default.output, ::testing::Not(HasSubstr("no transforms")));
+}
+
+// Issue 53 item 17: images of mixed sizes without a Resize failed in LibTorch's "stack expects each
+// tensor to be equal size", naming no file. The batch names two files, their shapes and the fix.
+TEST(ImageFolderBatch, ImagesOfMixedSizesNameTheFilesAndTheResizeToAdd) {
+  testing::TempDir dir;
+  std::filesystem::create_directories(dir / "cls");
+  data::write_png(dir / "cls/a.png", torch::zeros({28, 28, 1}, torch::kUInt8));
+  data::write_png(dir / "cls/b.png", torch::zeros({32, 30, 1}, torch::kUInt8));
+  auto folder = std::make_shared<const data::ImageFolder>(dir.path());
+  const ImageFolderData mixed(folder, ImageFolderDataOptions().transforms(data::Transforms::parse("ToTensor()")));
+  const std::string message = testing::error_message([&] { mixed.get_batch({0, 1}); });
+  EXPECT_THAT(message, HasSubstr("images of one batch differ in shape after the transforms: '" + dir / "cls/a.png" +
+                                 "' gives [3, 28, 28] and '" + dir / "cls/b.png" + "' gives [3, 32, 30]"));
+  EXPECT_THAT(message, HasSubstr("Resize((H, W))"));
+  const ImageFolderData resized(folder,
+                                ImageFolderDataOptions().transforms(data::Transforms::parse("Resize((28, 28)), ToTensor()")));
+  EXPECT_EQ(resized.get_batch({0, 1}).data.sizes(), (std::vector<int64_t>{2, 3, 28, 28}));
 }
 
 // Two Gaussian blobs in 6 columns, labelled by name; mlp sized to the table learns them and is

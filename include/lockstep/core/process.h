@@ -20,7 +20,7 @@ int available_cores();
 int default_intra_op_threads();
 
 // The integer value of environment variable `name`, or nullopt when it is unset.
-// Throws c10::Error naming the variable and its value when it is set but not an integer.
+// Throws c10::ValueError naming the variable and its value when it is set but not an integer.
 std::optional<int64_t> env_int(const char* name);
 
 // True when standard output is a terminal (progress bars) rather than a pipe or file (plain lines).

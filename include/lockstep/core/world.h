@@ -21,6 +21,9 @@ struct WorldInfo {
   std::string source = "default";  // which launcher's variables were read: torchrun, mpirun, srun, default
 };
 
+// The most ranks a job may have (2^20; the largest jobs run ~10^5).
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+
 // Reads the launcher's variables: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 // MASTER_ADDR, MASTER_PORT (lockstep run, torchrun); when RANK is absent, OMPI_COMM_WORLD_RANK /
 // _SIZE / _LOCAL_RANK / _LOCAL_SIZE (mpirun), then SLURM_PROCID / NTASKS / LOCALID / NODEID (srun);
@@ -29,8 +32,9 @@ struct WorldInfo {
 // address, so across hosts MASTER_ADDR must be exported to every rank; srun's rank 0 runs on the
 // first host of SLURM_STEP_NODELIST, which is the default there (see Note [Rank 0's address under
 // mpirun and srun]).
-// Throws c10::Error naming the variable when a value is malformed or
-// inconsistent (rank >= world size).
+// LOCAL_WORLD_SIZE alone (no launcher's rank) sets local_world_size. This is the one place that
+// reads these variables. Throws c10::ValueError naming the variable, its value and the rule when a
+// value is malformed or inconsistent (rank >= world size, a port outside 1-65535).
 WorldInfo world_from_env();
 
 }  // namespace lockstep

@@ -17,10 +17,17 @@ struct CsvTable {
   std::vector<std::string> classes;
 };
 
+// Bounds on what a CSV file may make the reader hold: one record's bytes (text data's entry limit),
+// its fields, and the classes integer labels name (label k makes k + 1 classes).
+inline constexpr size_t kMaxCsvRecordBytes = size_t{16} << 20;
+inline constexpr size_t kMaxCsvColumns = 100000;
+inline constexpr int64_t kMaxCsvClasses = 100000;
+
 // A comma-separated file with a header line (RFC 4180: fields may be double-quoted, "" inside
 // quotes is one quote; CRLF or LF line ends). Every column but `label_column` must hold a finite
-// number in every row. Throws c10::ValueError naming the file, the line, the column and the value
-// for a missing label column, a row with another number of fields, an empty or non-numeric cell.
+// number in every row, within float32's range. Throws c10::ValueError naming the file, the line, the
+// column and the value for a missing label column, a column named twice, a row with another number
+// of fields, an empty, non-numeric or out-of-range cell, and anything beyond the bounds above.
 CsvTable read_csv(const std::string& path, const std::string& label_column);
 
 }  // namespace lockstep::data

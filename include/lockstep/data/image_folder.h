@@ -32,12 +32,16 @@ class ImageFolder {
   std::string path(int64_t index) const;
   // Samples whose extension lockstep does not decode (.bmp, .tif, ...), in sample order.
   std::vector<int64_t> undecodable() const;
+  // Directories reached again through a symbolic link and skipped, relative to root (see Note
+  // [Walking an image folder]).
+  const std::vector<std::string>& repeated_directories() const { return repeated_; }
 
  private:
   std::string root_;
   std::vector<std::string> classes_;
   std::vector<std::string> files_;  // relative to root_
   std::vector<int64_t> targets_;
+  std::vector<std::string> repeated_;
 };
 
 // An in-memory data set written out as an ImageFolder tree of PNG files: root/<class>/<i>.png,

@@ -17,7 +17,12 @@ struct PredictOptions {
   TORCH_ARG(int64_t, batch_size) = 64;   // samples per forward, the batch whose latency is measured
   TORCH_ARG(int64_t, warmup) = 2;        // first batches left out of the timings (still scored)
   TORCH_ARG(bool, labelled) = true;      // false: the data set's labels are unknown (no accuracy)
+  TORCH_ARG(std::string, model) = "the model";  // what an error names: "'model.pt'"
 };
+
+// The largest confusion matrix a report keeps (a square of int64 counts), and prints as text.
+inline constexpr int64_t kMaxConfusionClasses = 1000;
+inline constexpr int64_t kMaxPrintedConfusionClasses = 32;
 
 // What `lockstep predict` reports for one pass over a data set.
 struct PredictReport {
@@ -26,7 +31,8 @@ struct PredictReport {
   int64_t batch_size = 0;
   bool labelled = true;
   int64_t correct = 0;                           // labelled only
-  std::vector<std::vector<int64_t>> confusion;   // [true class][predicted class] counts; labelled only
+  // [true class][predicted class] counts; labelled only, and empty beyond kMaxConfusionClasses.
+  std::vector<std::vector<int64_t>> confusion;
   std::vector<int64_t> predicted_counts;         // samples predicted as each class
   std::vector<int64_t> predictions;              // each sample's predicted class, in order
   // Latency of one forward of a full batch (ms), over the timed batches: all full batches after the

@@ -50,6 +50,13 @@ class Classifier : public torch::nn::Module {
   BlockRunner runner_;
 };
 
+// The one check of a classifier's output, shared by training (a TorchScript module's first batch),
+// `predict` (every batch) and serving: `logits` must be (B, K) for the B rows of `batch`, with
+// K >= min_classes (at least 1), and finite. Throws c10::ValueError naming `model` (its file), the
+// shapes, `data` (where the batch came from) and what a classifier returns.
+void check_logits(const torch::Tensor& logits, const torch::Tensor& batch, int64_t min_classes,
+                  const std::string& model, const std::string& data);
+
 // The parameters and the buffers of the block's modules, each once, in module order.
 std::vector<torch::Tensor> block_parameters(const Block& block);
 std::vector<torch::Tensor> block_buffers(const Block& block);
