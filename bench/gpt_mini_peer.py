@@ -26,6 +26,10 @@ Modes:
   one JSON line from rank 0: tokens_per_s (target tokens, padding excluded, of all ranks / the
   training loop's seconds), samples_per_s, train_s, rank 0's first step losses (as lockstep's
   --log-jsonl logs them), the held-out loss and perplexity, each rank's peak RSS (MiB, getrusage).
+- --compile: the DDP module through torch.compile (inductor, CPU), as a Python user chasing speed
+  would run it; batch and length marked dynamic so it compiles once. Its first step (the compile) is
+  trained but not timed: tokens_per_s counts the other steps' tokens over their seconds (compile_s
+  printed); target_tokens stays the whole epoch's.
 - --eval-weights FILE: no training; the held-out loss of a state dict lockstep wrote (--save-model),
   to compare with the test_loss lockstep printed for the same weights.
 """
@@ -225,6 +229,7 @@ def main():
     p.add_argument("--plan", action="store_true", help="print the batches' figures; no training")
     p.add_argument("--plan-world", type=int, default=2, help="--plan: ranks to cut batches for")
     p.add_argument("--save-init", help="--plan: write initial weights here")
+    p.add_argument("--compile", action="store_true", help="torch.compile the DDP module; its first step is not timed")
     p.add_argument("--eval-weights", help="no training: the held-out loss of this state dict (lockstep's --save-model)")
     a = p.parse_args()
 
@@ -257,14 +262,21 @@ def main():
                                          collate_fn=collate(pad))
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW(net.parameters(), lr=a.lr)
+    if a.compile:
+        net = torch.compile(net)
 
     tokens = samples = 0
+    untimed_tokens = untimed_samples = 0
+    compile_s = 0.0
     losses = []
     t0 = time.perf_counter()
     for ep in range(a.epochs):
         sampler.set_epoch(ep)
         net.train()
         for x, y in loader:
+            if a.compile:  # one graph for every batch shape
+                torch._dynamo.mark_dynamic(x, 0)
+                torch._dynamo.mark_dynamic(x, 1)
             loss = lm_loss(net(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -273,10 +285,13 @@ def main():
             samples += x.size(0)
             if len(losses) < FIRST_LOSSES:
                 losses.append(loss.item())
-    train_s = time.perf_counter() - t0
+            if a.compile and samples == x.size(0):  # the step that compiled: not timed
+                compile_s = time.perf_counter() - t0
+                untimed_tokens, untimed_samples = tokens, samples
+    train_s = time.perf_counter() - t0 - compile_s
 
     test_loss = held_out_loss(model, test, pad, a.max_length)
-    counts = torch.tensor([float(tokens), float(samples)], dtype=torch.float64)
+    counts = torch.tensor([float(tokens), float(samples), float(untimed_tokens), float(untimed_samples)], dtype=torch.float64)
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
     rss_ranks = [rss.clone() for _ in range(world)]
     if world > 1:
@@ -284,8 +299,9 @@ def main():
         dist.all_gather(rss_ranks, rss)
     if rank == 0:
         print(json.dumps({"peer": "pytorch-python", "world": world, "threads": torch.get_num_threads(),
-                          "tokens_per_s": round(counts[0].item() / train_s, 1),
-                          "samples_per_s": round(counts[1].item() / train_s, 2), "train_s": round(train_s, 3),
+                          "tokens_per_s": round((counts[0].item() - counts[2].item()) / train_s, 1),
+                          "compile": a.compile, "compile_s": round(compile_s, 2), "torch": torch.__version__,
+                          "samples_per_s": round((counts[1].item() - counts[3].item()) / train_s, 2), "train_s": round(train_s, 3),
                           "target_tokens": int(counts[0].item()), "samples": int(counts[1].item()),
                           "first_losses": [round(v, 6) for v in losses],
                           "test_loss": round(test_loss, 6), "perplexity": round(math.exp(test_loss), 3),

@@ -20,7 +20,9 @@
 # CKPT=1 adds a side, lockstep with --checkpoint-activations (each block's activations
 # recomputed in backward instead of kept: less memory, one more forward), in the same rotation;
 # BASE=path/to/another/lockstep adds that binary as a side (the before of a before/after).
-# Usage: [CKPT=1] [BASE=lockstep] bench/gpt_mini_vs_peer.sh [RUNS=5] [LIMIT=2000] [BATCH=100] [EPOCHS=1]
+# COMPILE=1 adds the peer with torch.compile (its compiling first step trained, not timed);
+# PEER_BEFORE=PYTHON adds the peer run by another Python (/usr/bin/python3: Debian's torch 1.13).
+# Usage: [CKPT=1] [BASE=lockstep] [COMPILE=1] [PEER_BEFORE=python] bench/gpt_mini_vs_peer.sh [RUNS=5] [LIMIT=2000] [BATCH=100] [EPOCHS=1]
 #        LOCKSTEP=path/to/lockstep (default build/lockstep); needs the venv (scripts/bootstrap --test) and fortunes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,13 +62,26 @@ side() {
     --batch-size "$batch" --max-length 128 --optimizer adamw --lr 0.001 --seed 0 --threads 1 \
     --log-jsonl "$tmp/steps.jsonl" --log-every 1 "$@" | sed -n 's/^\[rank 0\] \({.*\)/\1/p'
 }
-# One peer run on both ranks; $1: its rendezvous port (a fresh one each run).
+# One peer run on both ranks; $1: its rendezvous port (a fresh one each run), $2: the Python, then
+# more peer flags.
 peer() {
+  local port=$1 python=$2; shift 2
   for r in 0 1; do
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$1 WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r OMP_NUM_THREADS=1 \
-      "$py" bench/gpt_mini_peer.py "${peer_args[@]}" --init-weights "$tmp/init.pt" &
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r OMP_NUM_THREADS=1 \
+      "$python" bench/gpt_mini_peer.py "${peer_args[@]}" --init-weights "$tmp/init.pt" "$@" &
   done
   wait
+}
+# Keeps another peer run's figures ($2, its JSON) in the arrays of side $1 (compiled, before), after
+# checking its first step losses against the peer's ($3).
+keep_peer() {
+  local -n s=${1}_s tps=${1}_tps rss0=${1}_rss0 rss1=${1}_rss1
+  local d; d=$(max_diff "$(sed -n 's/.*"first_losses": \[\([^]]*\)\].*/\1/p' <<<"$2" | tr -d ',')" "$3")
+  echo "check run $i: $1's first step losses differ from the peer's by at most $d"
+  within "$d" 1e-4 || { echo "$1 differs from the peer by $d > 1e-4: not the same function" >&2; exit 1; }
+  s+=("$(field train_s <<<"$2")"); tps+=("$(field tokens_per_s <<<"$2")")
+  local a b; read -r a b <<<"$(sed -n 's/.*"peak_rss_mib_ranks": \[\([^]]*\)\].*/\1/p' <<<"$2" | tr -d ',')"
+  rss0+=("$a"); rss1+=("$b")
 }
 # The largest |a_i - b_i| over two lists of numbers.
 max_diff() { paste <(tr ' ' '\n' <<<"$1") <(tr ' ' '\n' <<<"$2") | awk 'NF == 2 {d = $1 - $2; d = d < 0 ? -d : d; if (d > m) m = d} END {printf "%.2g", m}'; }
@@ -74,6 +89,7 @@ within() { awk -v d="$1" -v t="$2" 'BEGIN {exit !(d <= t)}'; }
 
 ours_tps=(); peer_tps=(); ours_rss0=(); ours_rss1=(); peer_rss0=(); peer_rss1=(); ours_s=(); peer_s=()
 ckpt_tps=(); ckpt_rss0=(); ckpt_rss1=(); ckpt_s=(); base_tps=(); base_rss0=(); base_rss1=(); base_s=()
+compiled_tps=(); compiled_rss0=(); compiled_rss1=(); compiled_s=(); before_tps=(); before_rss0=(); before_rss1=(); before_s=()
 # Keeps a lockstep run's figures ($2, its JSON) in the arrays of side $1 (ours, ckpt, base).
 keep() {
   local -n s=${1}_s tps=${1}_tps rss0=${1}_rss0 rss1=${1}_rss1
@@ -85,7 +101,7 @@ for ((i = 1; i <= runs; i++)); do
   rm -f "$tmp/steps.jsonl"
   save=(); ((i == 1)) && save=(--save-model "$tmp/trained.pt")
   o=$(ours "${save[@]}"); echo "lockstep run $i: $o"
-  p=$(peer $((29811 + i))); echo "peer     run $i: $p"
+  p=$(peer $((29811 + i)) "$py"); echo "peer     run $i: $p"
   # The same function on the same batches: compare, then time.
   ours_losses=$(grep '"event":"step"' "$tmp/steps.jsonl" | head -5 | field loss | tr '\n' ' ')
   peer_losses=$(sed -n 's/.*"first_losses": \[\([^]]*\)\].*/\1/p' <<<"$p" | tr -d ',')
@@ -119,6 +135,14 @@ for ((i = 1; i <= runs; i++)); do
          "$(max_diff "$(grep '"event":"step"' "$tmp/steps.jsonl" | head -5 | field loss | tr '\n' ' ')" "$peer_losses")"
     keep base "$b"
   fi
+  if [[ -n ${COMPILE:-} ]]; then
+    c=$(peer $((29831 + i)) "$py" --compile); echo "peer --compile run $i: $c"
+    keep_peer compiled "$c" "$peer_losses"
+  fi
+  if [[ -n ${PEER_BEFORE:-} ]]; then
+    b=$(peer $((29851 + i)) "$PEER_BEFORE"); echo "peer $PEER_BEFORE run $i: $b"
+    keep_peer before "$b" "$peer_losses"
+  fi
   keep ours "$o"
   peer_s+=("$(field train_s <<<"$p")"); peer_tps+=("$(field tokens_per_s <<<"$p")")
   read -r a b <<<"$(sed -n 's/.*"peak_rss_mib_ranks": \[\([^]]*\)\].*/\1/p' <<<"$p" | tr -d ',')"; peer_rss0+=("$a"); peer_rss1+=("$b")
@@ -131,11 +155,18 @@ larger() { awk -v a="$1" -v b="$2" 'BEGIN {print (a > b) ? a : b}'; }
 o_max=$(larger "$o0" "$o1"); p_max=$(larger "$p0" "$p1")
 echo
 echo "medians of $runs alternating runs; $tokens target tokens per epoch x $epochs (padding fraction $plan_padding)"
-bench/machine.sh "bench/gpt_mini_vs_peer.sh $runs $limit $batch $epochs"
+bench/machine.sh "${COMPILE:+COMPILE=1 }${PEER_BEFORE:+PEER_BEFORE=$PEER_BEFORE }bench/gpt_mini_vs_peer.sh $runs $limit $batch $epochs"
 echo "| side | tokens/s (each run) | tokens/s | train s | peak RSS rank 0 / 1 MiB |"
 echo "|---|---|---|---|---|"
 echo "| lockstep | ${ours_tps[*]} | $mo | $(med "${ours_s[@]}") | $o0 / $o1 |"
-echo "| peer | ${peer_tps[*]} | $mp | $(med "${peer_s[@]}") | $p0 / $p1 |"
+echo "| peer (torch $("$py" -c 'import torch; print(torch.__version__)')) | ${peer_tps[*]} | $mp | $(med "${peer_s[@]}") | $p0 / $p1 |"
+for side in compiled before; do
+  declare -n side_tps=${side}_tps side_s=${side}_s side_rss0=${side}_rss0 side_rss1=${side}_rss1
+  ((${#side_tps[@]})) || continue
+  name="peer --compile"; [[ $side == before ]] && name="peer (torch $("$PEER_BEFORE" -c 'import torch; print(torch.__version__)'))"
+  echo "| $name | ${side_tps[*]} | $(med "${side_tps[@]}") | $(med "${side_s[@]}") | $(med "${side_rss0[@]}") / $(med "${side_rss1[@]}") |"
+  echo "lockstep / $name: tokens/s $(ratio "$mo" "$(med "${side_tps[@]}")")x" >>"$tmp/ratios"
+done
 if [[ -n ${CKPT:-} ]]; then
   mc=$(med "${ckpt_tps[@]}"); c0=$(med "${ckpt_rss0[@]}"); c1=$(med "${ckpt_rss1[@]}")
   echo "| lockstep --checkpoint-activations | ${ckpt_tps[*]} | $mc | $(med "${ckpt_s[@]}") | $c0 / $c1 |"
@@ -145,6 +176,7 @@ if [[ -n ${BASE:-} ]]; then
   echo "| base ($BASE) | ${base_tps[*]} | $mb | $(med "${base_s[@]}") | $b0 / $b1 |"
 fi
 echo "lockstep / peer: tokens/s $(ratio "$mo" "$mp")x (target >= 1.25x), peak RSS (larger rank) $(ratio "$o_max" "$p_max")x (target <= 0.6x)"
+[[ -f $tmp/ratios ]] && cat "$tmp/ratios"
 if [[ -n ${BASE:-} ]]; then
   echo "base / peer: tokens/s $(ratio "$mb" "$mp")x, peak RSS (larger rank) $(ratio "$(larger "$b0" "$b1")" "$p_max")x"
 fi
