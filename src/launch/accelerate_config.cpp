@@ -3,14 +3,25 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>
+#include <fstream>
+#include <map>
 #include <set>
+#include <sstream>
+
+#include "lockstep/launch/rendezvous.h"
 
 namespace lockstep::launch {
 namespace {
+
+// A host name is at most 253 bytes (RFC 1035); other values are names, numbers and paths, and a
+// path is at most PATH_MAX (4096) bytes. Longer values are refused by their length, never echoed.
+constexpr size_t kMaxHostNameBytes = 253;
+constexpr size_t kMaxValueBytes = 4096;
 
 // Keys with no meaning for a CPU launch by `lockstep run` (devices, TPUs, the Python entry point,
 // accelerate's own port checks): accepted whatever their value.
@@ -31,19 +42,94 @@ bool unset(const YAML::Node& n) {
   return v.empty() || v == "false" || v == "no" || v == "none" || v == "null";
 }
 
+// The first document's events, walked before the nodes are read (an alias is one event, never
+// expanded): a key given twice in one mapping is an error naming both lines, since PyYAML (so
+// accelerate) keeps the last and yaml-cpp's lookup the first; a value over kMaxValueBytes is an
+// error naming its key and length. See Note [accelerate configs].
+class KeyChecker : public YAML::EventHandler {
+ public:
+  explicit KeyChecker(std::string path) : path_(std::move(path)) {}
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override {
+    static const std::string kNull = "null";  // `~`, `null` and an empty key are one key to PyYAML
+    item(mark, &kNull);
+  }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { item(mark, nullptr); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string& value) override {
+    item(mark, &value);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    item(mark, nullptr);
+    levels_.emplace_back(/*is_map=*/false);
+  }
+  void OnSequenceEnd() override { levels_.pop_back(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    item(mark, nullptr);
+    levels_.emplace_back(/*is_map=*/true);
+  }
+  void OnMapEnd() override { levels_.pop_back(); }
+
+ private:
+  struct Level {
+    explicit Level(bool is_map) : map(is_map) {}
+    bool map;
+    bool at_key = true;                    // a mapping's next node is a key
+    std::string key;                       // a mapping's current key
+    int64_t index = -1;                    // a sequence's current item
+    std::map<std::string, int64_t> lines;  // a mapping's keys by their (1-based) lines
+  };
+
+  // "deepspeed_config.zero_stage", "commands[2]": where a node of the first `depth` levels sits
+  // (at most 200 bytes).
+  std::string key_path(size_t depth) const {
+    std::string out;
+    for (size_t i = 0; i < depth && out.size() <= 200; ++i)
+      out += levels_[i].map ? (out.empty() ? "" : ".") + levels_[i].key : "[" + std::to_string(levels_[i].index) + "]";
+    return out.empty() ? "the top level" : out.size() <= 200 ? out : out.substr(0, 200) + "...";
+  }
+
+  // A node at `mark`: a key (`scalar` its text; nullptr for a key that is not a scalar) or a value.
+  void item(const YAML::Mark& mark, const std::string* scalar) {
+    const int64_t line = mark.line + 1;
+    const bool key = !levels_.empty() && levels_.back().map && levels_.back().at_key;
+    if (!levels_.empty()) {
+      Level& top = levels_.back();
+      if (top.map) top.at_key = !top.at_key;
+      else ++top.index;
+      if (key) top.key = scalar ? *scalar : "<a key that is not a single value>";
+    }
+    TORCH_CHECK_VALUE(!scalar || scalar->size() <= kMaxValueBytes, path_, ", line ", line, ": ",
+                      key ? "a key in " + key_path(levels_.size() - 1) : key_path(levels_.size()), " is ",
+                      scalar->size(), " bytes long; an accelerate config's keys and values (names, numbers, paths) "
+                      "are at most ", kMaxValueBytes, " bytes");
+    if (!key || !scalar) return;
+    const auto [first, fresh] = levels_.back().lines.emplace(*scalar, line);
+    TORCH_CHECK_VALUE(fresh, path_, ", line ", line, ": ", key_path(levels_.size()), " is given twice (lines ",
+                      first->second, " and ", line, "); accelerate (PyYAML) would take the last and lockstep the "
+                      "first, so delete one of them");
+  }
+
+  std::string path_;
+  std::vector<Level> levels_;
+};
+
 class ConfigReader {
  public:
   explicit ConfigReader(std::string path) : path_(std::move(path)) {}
 
+  // "c.yaml, line 4": the file and the line of `n`.
+  std::string where(const YAML::Node& n) const { return path_ + ", line " + std::to_string(n.Mark().line + 1); }
   std::string text(const YAML::Node& n, const std::string& key) const {
-    TORCH_CHECK_VALUE(n.IsScalar(), path_, ": ", key, " must be a single value");
+    TORCH_CHECK_VALUE(n.IsScalar(), where(n), ": ", key, " must be a single value");
     return n.Scalar();
   }
   int64_t integer(const YAML::Node& n, const std::string& key, int64_t low) const {
     const std::string v = text(n, key);
     const c10::optional<int64_t> value = parse_integer(v);
-    TORCH_CHECK_VALUE(value.has_value(), path_, ": ", key, ": '", v, "' is not an integer");
-    TORCH_CHECK_VALUE(*value >= low, path_, ": ", key, ": ", *value, " must be at least ", low);
+    TORCH_CHECK_VALUE(value.has_value(), where(n), ": ", key, ": '", v, "' is not an integer");
+    TORCH_CHECK_VALUE(*value >= low, where(n), ": ", key, ": ", *value, " must be at least ", low);
     return *value;
   }
   void unsupported(const std::string& key, const std::string& why) { unsupported_.push_back(key + ": " + why); }
@@ -89,12 +175,20 @@ void ConfigReader::read_processes(const YAML::Node& root) {
     settings_.origins.push_back("node rank " + std::to_string(*settings_.node_rank) + " from machine_rank");
   }
   if (!unset(root["main_process_ip"])) {
-    settings_.master_addr = text(root["main_process_ip"], "main_process_ip");
-    settings_.origins.push_back("master address " + *settings_.master_addr + " from main_process_ip");
+    const std::string addr = text(root["main_process_ip"], "main_process_ip");
+    TORCH_CHECK_VALUE(addr.size() <= kMaxHostNameBytes, where(root["main_process_ip"]), ": main_process_ip is ",
+                      addr.size(), " bytes long; a host name is at most ", kMaxHostNameBytes,
+                      " bytes (RFC 1035): give node 0's host name or IP address");
+    settings_.master_addr = addr;
+    settings_.origins.push_back("master address " + addr + " from main_process_ip");
   }
   if (root["main_process_port"] && !root["main_process_port"].IsNull()) {
     const int64_t port = integer(root["main_process_port"], "main_process_port", 0);
-    TORCH_CHECK_VALUE(port <= 65534, path_, ": main_process_port ", port, " is not a TCP port below 65535");
+    // See Note [Launcher rendezvous port].
+    TORCH_CHECK_VALUE(port + kRendezvousPortOffset <= 65535, where(root["main_process_port"]), ": main_process_port ",
+                      port, " leaves no port for the launchers: the workers listen on main_process_port and "
+                      "lockstep's launchers meet on the next port (main_process_port + 1), so give a port in [1, ",
+                      65535 - kRendezvousPortOffset, "], or 0 to pick a free one");
     settings_.master_port = static_cast<int>(port);  // 0: a free port, as in accelerate
     settings_.origins.push_back("master port " + std::to_string(port) + " from main_process_port");
   }
@@ -248,11 +342,16 @@ LaunchSettings ConfigReader::finish(const AccelerateConfigOptions& options) {
 }  // namespace
 
 LaunchSettings accelerate_launch_settings(const std::string& path, const AccelerateConfigOptions& options) {
+  std::ifstream file(path);
+  TORCH_CHECK_VALUE(file.good(), "cannot read the accelerate config '", path, "'; give the path of a YAML or JSON file");
+  std::stringstream text;
+  text << file.rdbuf();
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    TORCH_CHECK_VALUE(false, "cannot read the accelerate config '", path, "'; give the path of a YAML or JSON file");
+    KeyChecker checker(path);
+    YAML::Parser events(text);
+    events.HandleNextDocument(checker);
+    root = YAML::Load(text.str());
   } catch (const YAML::Exception& e) {
     TORCH_CHECK_VALUE(false, path, " is not valid YAML (line ", e.mark.line + 1, "): ", e.msg);
   }
@@ -266,6 +365,8 @@ LaunchSettings accelerate_launch_settings(const std::string& path, const Acceler
   reader.read_distributed_type(root);
   reader.read_mixed_precision(root);
   for (const auto& entry : root) {
+    TORCH_CHECK_VALUE(entry.first.IsScalar(), reader.where(entry.first), ": a key that is not a single value; "
+                      "accelerate's keys are names such as distributed_type");
     const std::string key = entry.first.as<std::string>();
     if (handled.count(key) == 0) reader.read_other(key, entry.second);
   }

@@ -97,6 +97,63 @@ TEST(AccelerateConfig, BadValuesAreErrorsNamingTheKey) {
   EXPECT_THAT(testing::error_message([&] { read(dir / "missing.yaml"); }), HasSubstr("cannot read the accelerate config"));
 }
 
+// PyYAML (so accelerate) keeps a key's last value, yaml-cpp's lookup finds the first: a key given
+// twice in one mapping is an error naming both lines, not a silent choice.
+TEST(AccelerateConfig, DuplicateKeysAreErrorsNamingBothLines) {
+  testing::TempDir dir;
+  EXPECT_THAT(testing::error_message([&] {
+                read(write(dir, "distributed_type: MULTI_CPU\nmixed_precision: bf16\nnum_processes: 2\n"
+                                "mixed_precision: fp16\n"));
+              }),
+              HasSubstr("c.yaml, line 4: mixed_precision is given twice (lines 2 and 4)"));
+  EXPECT_THAT(testing::error_message([&] {
+                read(write(dir, "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n"
+                                "  gradient_clipping: 1.0\n  zero_stage: 3\n"));
+              }),
+              HasSubstr("c.yaml, line 5: deepspeed_config.zero_stage is given twice (lines 3 and 5)"));
+  EXPECT_THAT(testing::error_message([&] { read(write(dir, "{distributed_type: NO, distributed_type: FSDP}\n")); }),
+              HasSubstr("distributed_type is given twice (lines 1 and 1)"));
+  // The same key in different mappings, and an alias of a mapping, are no duplicates.
+  const Read r = read(write(dir, "distributed_type: MULTI_CPU\ntpu_env:\n  - {name: a}\n  - {name: b}\n"
+                                 "fsdp_config: &shared\n  fsdp_offload_params: false\nmegatron_lm_config: *shared\n"));
+  EXPECT_EQ(r.env.at(kStrategyEnv), "ddp");
+}
+
+// Values are bounded before they are used or echoed: a host name by RFC 1035's 253 bytes, any value
+// by a path's 4096; the error names the key and the length, never the value.
+TEST(AccelerateConfig, LongValuesAreRefusedByLengthWithoutEchoingThem) {
+  testing::TempDir dir;
+  const std::string ip = testing::error_message(
+      [&] { read(write(dir, "distributed_type: MULTI_CPU\nmain_process_ip: " + std::string(300, 'a') + "\n")); });
+  EXPECT_THAT(ip, HasSubstr("c.yaml, line 2: main_process_ip is 300 bytes long; a host name is at most 253 bytes "
+                            "(RFC 1035)"));
+  EXPECT_THAT(ip, ::testing::Not(HasSubstr("aaaa")));
+  const std::string longest(253, 'h');
+  EXPECT_EQ(read(write(dir, "distributed_type: MULTI_CPU\nmain_process_ip: " + longest + "\n")).settings.master_addr,
+            longest);
+  const std::string huge = testing::error_message([&] {
+    read(write(dir, "distributed_type: MULTI_CPU\nmain_process_ip: " + std::string(10 << 20, '1') + "\n"));
+  });
+  EXPECT_THAT(huge, HasSubstr("c.yaml, line 2: main_process_ip is 10485760 bytes long"));
+  EXPECT_LT(huge.size(), 1000u);
+  EXPECT_THAT(testing::error_message([&] { read(write(dir, "distributed_type: " + std::string(5000, 'M') + "\n")); }),
+              HasSubstr("line 1: distributed_type is 5000 bytes long; an accelerate config's keys and values"));
+  // An implicit key is at most 1024 characters (YAML 1.2); an explicit one (`? key`) has no limit.
+  EXPECT_THAT(testing::error_message([&] { read(write(dir, "? " + std::string(5000, 'k') + "\n: 1\n")); }),
+              HasSubstr("line 1: a key in the top level is 5000 bytes long"));
+}
+
+// The launchers meet on main_process_port + 1 (Note [Launcher rendezvous port]): 65535 leaves
+// them none, and the error says so and which ports work.
+TEST(AccelerateConfig, PortsLeaveRoomForTheLaunchersPort) {
+  testing::TempDir dir;
+  const std::string error =
+      testing::error_message([&] { read(write(dir, "distributed_type: MULTI_CPU\nmain_process_port: 65535\n")); });
+  EXPECT_THAT(error, HasSubstr("c.yaml, line 2: main_process_port 65535 leaves no port for the launchers"));
+  EXPECT_THAT(error, HasSubstr("meet on the next port (main_process_port + 1), so give a port in [1, 65534], or 0"));
+  EXPECT_EQ(read(write(dir, "distributed_type: MULTI_CPU\nmain_process_port: 65534\n")).settings.master_port, 65534);
+}
+
 // Every config kept under tests/launch/configs parses, and the strategy and precision it hands to
 // the workers are names `lockstep train` accepts.
 TEST(AccelerateConfig, PublicProjectsConfigsAllParse) {

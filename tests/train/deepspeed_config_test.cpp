@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "../launch/engine_runs.h"
 #include "../test_util.h"
@@ -36,6 +37,14 @@ Applied apply_config(const json& config, int64_t world = 1, ExplicitTrainValues 
 
 std::string error_of(const json& config, int64_t world = 1, ExplicitTrainValues given = {}, TrainOptions base = {}) {
   return testing::error_message([&] { apply_config(config, world, given, std::move(base)); });
+}
+
+// The error of the config file at `path` ("<no error>" when it applies), warnings dropped.
+std::string file_error(const std::string& path) {
+  return testing::error_message([&] {
+    with_deepspeed_config_file(TrainOptions(), path,
+                               DeepSpeedConfigOptions().reporter([](ReportKind, const std::string&) {}));
+  });
 }
 
 // train_batch_size = micro x accumulation x world size: any two give the third (DeepSpeed's rule).
@@ -164,6 +173,78 @@ TEST(DeepSpeedConfig, UnsupportedKeysWarnOrFailWhenStrict) {
   EXPECT_EQ(a.options.trainer().strategy(), parallel::StrategyKind::kZero2);  // the rest applies
   const std::string strict = testing::error_message([&] { apply_config(config, 2, {}, {}, /*strict=*/true); });
   EXPECT_THAT(strict, HasSubstr("3 setting(s) lockstep does not support (strict)"));
+}
+
+// A section lockstep reads, of the wrong type, is an error strict or not: skipped, "bf16": true
+// and "optimizer": "AdamW" trained fp32 with SGD and exited 0.
+TEST(DeepSpeedConfig, SectionsOfTheWrongTypeAreErrorsEvenWhenNotStrict) {
+  EXPECT_THAT(error_of({{"bf16", true}}),
+              HasSubstr("ds.json: bf16 is true; it is a section: write it as an object such as {\"enabled\": true}"));
+  EXPECT_THAT(error_of({{"optimizer", "AdamW"}}), HasSubstr("ds.json: optimizer is \"AdamW\"; it is a section"));
+  EXPECT_THAT(error_of({{"zero_optimization", "yes"}}, 2), HasSubstr("ds.json: zero_optimization is \"yes\""));
+  EXPECT_THAT(error_of({{"optimizer", {{"type", "Adam"}, {"params", {{"adam_w_mode", "no"}}}}}}),
+              HasSubstr("optimizer.params.adam_w_mode is \"no\"; give true or false"));
+  EXPECT_THAT(error_of({{"optimizer", {{"type", "SGD"}, {"params", json::array({0.1})}}}}), HasSubstr("optimizer.params is an array"));
+  EXPECT_THAT(error_of({{"tensorboard", {{"enabled", true}, {"output_path", 5}}}}),
+              HasSubstr("tensorboard.output_path is 5; give a string such as \"runs\""));
+  EXPECT_THAT(error_of({{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_type", 1}}}}}}),
+              HasSubstr("scheduler.params.warmup_type is 1; give a string such as \"linear\""));
+  const std::string long_value = error_of({{"amp", std::string(100000, 'x')}});
+  EXPECT_THAT(long_value, HasSubstr("amp is \"xxxx"));
+  EXPECT_LT(long_value.size(), 1000u);  // cut, not echoed
+  // DeepSpeed still reads zero_optimization's old boolean form: true is stage 1, false stage 0.
+  EXPECT_EQ(apply_config({{"zero_optimization", true}}, 2).options.trainer().strategy(), parallel::StrategyKind::kZero1);
+  EXPECT_FALSE(apply_config({{"zero_optimization", false}}, 2).options.trainer().strategy().has_value());
+  // null is an absent section, as before.
+  EXPECT_EQ(apply_config({{"bf16", nullptr}, {"optimizer", nullptr}}).options.precision(), Precision::kFp32);
+  // From a file, the message gives the key's line; `lockstep train` exits 2 with it.
+  testing::TempDir dir;
+  std::ofstream(dir / "ds.json") << "{\n  \"train_batch_size\": 8,\n  \"fp16\": [true]\n}\n";
+  EXPECT_THAT(file_error(dir / "ds.json"), HasSubstr("ds.json, line 3: fp16 is an array; it is a section"));
+  const auto r = testing::run_command(std::string(LOCKSTEP_CLI) + " train --quiet --model mlp --data synthetic "
+                                      "--limit 40 --deepspeed " + (dir / "ds.json"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("line 3: fp16 is an array"));
+}
+
+// DeepSpeed refuses a key given twice in one object (Python's json alone would keep the last).
+TEST(DeepSpeedConfig, DuplicateKeysAreErrorsNamingBothLines) {
+  testing::TempDir dir;
+  std::ofstream(dir / "top.json") << "{\n  \"bf16\": {\"enabled\": true},\n  \"train_batch_size\": 8,\n"
+                                     "  \"bf16\": {\"enabled\": false}\n}\n";
+  EXPECT_THAT(file_error(dir / "top.json"), HasSubstr("top.json, line 4: bf16 is given twice (lines 2 and 4)"));
+  std::ofstream(dir / "nested.json") << "{\"zero_optimization\": {\"stage\": 2,\n  // a comment\n  \"stage\": 3}}";
+  EXPECT_THAT(file_error(dir / "nested.json"),
+              HasSubstr("nested.json, line 3: zero_optimization.stage is given twice (lines 1 and 3)"));
+  // The same key in different objects (and in the objects of an array) is no duplicate.
+  std::ofstream(dir / "ok.json") << R"({"bf16": {"enabled": false}, "fp16": {"enabled": false},
+      "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "scheduler": {"type": "WarmupLR",
+      "params": {"warmup_num_steps": 5, "warmup_type": "linear"}}, "x": [{"a": 1}, {"a": 2}]})";
+  EXPECT_EQ(file_error(dir / "ok.json"), "<no error>");
+}
+
+// A number beyond a double (Python reads 1e400 as inf) names the file, the key and the line.
+TEST(DeepSpeedConfig, NumbersBeyondADoubleNameTheFileKeyAndLine) {
+  testing::TempDir dir;
+  std::ofstream(dir / "big.json") << "{\n  \"train_batch_size\": 8,\n  \"gradient_clipping\": 1e400\n}\n";
+  const std::string error = file_error(dir / "big.json");
+  EXPECT_THAT(error, HasSubstr("big.json, line 3: gradient_clipping: number overflow parsing '1e400'"));
+  EXPECT_THAT(error, HasSubstr("give a finite number"));
+  std::ofstream(dir / "betas.json") << R"({"optimizer": {"params": {"betas": [0.9, -1e400]}}})";
+  EXPECT_THAT(file_error(dir / "betas.json"), HasSubstr("line 1: optimizer.params.betas[1]: number overflow parsing"));
+}
+
+// Nesting is refused past 100 levels while parsing, so a million levels cost no more than 100.
+TEST(DeepSpeedConfig, NestingAMillionLevelsDeepIsRefused) {
+  testing::TempDir dir;
+  const int64_t levels = 1000000;
+  std::string objects;
+  for (int64_t i = 0; i < levels; ++i) objects += "{\"a\": ";
+  std::ofstream(dir / "objects.json") << objects << 1 << std::string(levels, '}');
+  EXPECT_THAT(file_error(dir / "objects.json"), HasSubstr("line 1: a.a.a.a"));
+  EXPECT_THAT(file_error(dir / "objects.json"), HasSubstr("nests more than 100 levels deep"));
+  std::ofstream(dir / "arrays.json") << "{\"x\": " << std::string(levels, '[') << std::string(levels, ']') << "}";
+  EXPECT_THAT(file_error(dir / "arrays.json"), HasSubstr("x[0][0][0]"));
 }
 
 // Every config kept under tests/train/ds_configs applies to TrainOptions that validate, on a world

@@ -19,7 +19,10 @@ namespace lockstep::launch {
 // go to the workers as LOCKSTEP_* variables, which `lockstep train` reads as the defaults of its
 // flags, as accelerate hands ACCELERATE_* variables to the script it launches. Keys that ask for
 // what lockstep does not do (offload, NVMe, fp8, TPUs, torch.compile, SageMaker) are warnings
-// naming the key and why, or errors when strict.
+// naming the key and why, or errors when strict. What accelerate would read otherwise is an error,
+// strict or not: a key given twice in one mapping (PyYAML keeps the last, a lookup finds the
+// first), a value over 4096 bytes (a path's limit), a main_process_ip over 253 bytes (a host
+// name's), a main_process_port with no free port above it (the launchers use port + 1).
 
 // The variables `lockstep train` reads as its flags' defaults; see Note [accelerate configs].
 constexpr const char* kStrategyEnv = "LOCKSTEP_STRATEGY";            // a parallel::strategy_names() name
@@ -38,9 +41,9 @@ struct AccelerateConfigOptions {
 };
 
 // The launch settings of the accelerate config (YAML, or JSON) at `path`. Throws c10::ValueError
-// naming the file, the key and its value when a value is malformed (num_processes not divisible by
-// num_machines, a distributed_type accelerate does not have), or when strict and a key is not
-// supported.
+// naming the file, the key and its value (and the line, where the value is read) when a value is
+// malformed (num_processes not divisible by num_machines, a distributed_type accelerate does not
+// have), a key is given twice, a value is too long, or when strict and a key is not supported.
 LaunchSettings accelerate_launch_settings(const std::string& path,
                                           const AccelerateConfigOptions& options = AccelerateConfigOptions());
 

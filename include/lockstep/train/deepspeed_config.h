@@ -30,6 +30,10 @@ namespace lockstep::train {
 // warnings naming the key and why, or one error listing them all when strict. Communication and
 // memory tuning knobs (bucket sizes, overlap_comm, stage3_* prefetching) are accepted and have no
 // effect: lockstep's strategies size their own buckets.
+// What DeepSpeed would refuse or read otherwise is an error, strict or not, naming the file, the key
+// and (for a file) its line: a section lockstep reads of the wrong type ("bf16": true,
+// "optimizer": "AdamW"), a key given twice in one object (DeepSpeed refuses it; Python's json alone
+// keeps the last), a number beyond a double (1e400), nesting deeper than 100 levels.
 
 // Which TrainOptions values the command line set explicitly; the others are defaults, which a
 // config file may replace. See Note [DeepSpeed configs].
@@ -58,14 +62,14 @@ struct DeepSpeedConfigOptions {
 };
 
 // `options` with the DeepSpeed config `config` applied; `source` names it in messages (its path).
-// Throws c10::ValueError naming the key, its value and the fix when a value is malformed, the
-// batch sizes disagree with each other or the world size, a value conflicts with one given
-// explicitly, or strict and a key is unsupported.
+// Throws c10::ValueError naming the key, its value and the fix when a value is malformed or a
+// section of the wrong type, the batch sizes disagree with each other or the world size, a value
+// conflicts with one given explicitly, or strict and a key is unsupported.
 TrainOptions with_deepspeed_config(TrainOptions options, const nlohmann::json& config, const std::string& source,
                                    const DeepSpeedConfigOptions& how);
 
-// The same for the JSON file at `path` (comments allowed); throws naming the path when it cannot be
-// read or parsed.
+// The same for the JSON file at `path` (comments allowed); throws naming the path (and the key and
+// line) when it cannot be read or parsed, or a key is given twice.
 TrainOptions with_deepspeed_config_file(TrainOptions options, const std::string& path,
                                         const DeepSpeedConfigOptions& how);
 
