@@ -39,6 +39,14 @@ namespace {
 // stops near 1000 (its recursion limit), and a state dict or checkpoint is a few levels deep.
 constexpr uint32_t kMaxNesting = 1000;
 
+// Note [Integers and protocols LibTorch's unpickler does not read]
+// Python pickles an int beyond BININT's 32 bits as LONG1 with as few bytes as hold it (5 for
+// 5,000,000,000), and LibTorch's unpickler reads only 8-byte LONG1s ("Expected length to be 8, got
+// 5"). The walker widens every LONG1 of 0-7 bytes to 8, sign-extended; one of more than 8 bytes does
+// not fit int64 and is refused saying so. Protocol 4 and 5 (torch.save(..., pickle_protocol=4))
+// frame the stream and name classes with STACK_GLOBAL and memoize with MEMOIZE, none of which
+// LibTorch reads: such a stream is refused at its PROTO opcode naming the protocol and the fix.
+
 class OrderedDictRewriter {
  public:
   explicit OrderedDictRewriter(std::vector<char> bytes) : in_(std::move(bytes)) {}
@@ -49,6 +57,7 @@ class OrderedDictRewriter {
     const std::optional<size_t> bad = walk();
     TORCH_CHECK(!too_deep_, "its pickle (data.pkl) nests containers more than ", kMaxNesting,
                 " deep at byte ", bad.value_or(0), " of ", in_.size());
+    TORCH_CHECK(why_.empty(), "its pickle (data.pkl) ", why_, " (byte ", bad.value_or(0), " of ", in_.size(), ")");
     TORCH_CHECK(!bad, "its pickle (data.pkl) is malformed at byte ", bad.value_or(0), " of ", in_.size(),
                 bad.value_or(0) < in_.size() ? c10::str(" (opcode 0x", std::hex,
                                                         int(static_cast<unsigned char>(in_[bad.value_or(0)])), ")")
@@ -59,6 +68,10 @@ class OrderedDictRewriter {
     for (const auto& [at, size] : ops_) {
       if (drop_.count(at) || dropped(at)) continue;
       if (mark_before_.count(at)) out.push_back('(');
+      if (const auto r = rewritten_.find(at); r != rewritten_.end()) {
+        out.insert(out.end(), r->second.begin(), r->second.end());
+        continue;
+      }
       if (const auto r = replace_.find(at); r != replace_.end()) {
         out.push_back(r->second);
         continue;
@@ -133,15 +146,40 @@ class OrderedDictRewriter {
       case 'N': case 0x88: case 0x89:  // NONE, NEWTRUE, NEWFALSE
         stack_.push_back(other);
         return true;
-      case 0x80:  // PROTO
-        return skip(pos, 1);
+      case 0x80: {  // PROTO; See Note [Integers and protocols LibTorch's unpickler does not read]
+        uint64_t protocol = 0;
+        if (!little_endian(pos, 1, protocol)) return false;
+        if (protocol > 3)
+          why_ = c10::str("is pickle protocol ", protocol, " (torch.save(..., pickle_protocol=", protocol,
+                          ")), which LibTorch's unpickler does not read; save it with torch.save's default, "
+                          "protocol 2");
+        return why_.empty();
+      }
+      case 0x8a: {  // LONG1: widened to 8 bytes
+        uint64_t length = 0;
+        if (!little_endian(pos, 1, length) || length > in_.size() - pos) return false;
+        if (length > 8) {
+          why_ = c10::str("holds an integer of ", length, " bytes, beyond int64");
+          return false;
+        }
+        std::string wide{'\x8a', '\x08'};
+        const bool negative = length > 0 && (static_cast<unsigned char>(in_[pos + length - 1]) & 0x80) != 0;
+        for (size_t i = 0; i < 8; ++i) wide.push_back(i < length ? in_[pos + i] : negative ? '\xff' : '\0');
+        pos += length;
+        if (length != 8) {
+          rewritten_[at] = std::move(wide);
+          changed_ = true;
+        }
+        stack_.push_back(other);
+        return true;
+      }
       case 'K': case 'M': case 'J': case 'G':  // BININT1, BININT2, BININT, BINFLOAT
         stack_.push_back(other);
         return skip(pos, op == 'K' ? 1 : op == 'M' ? 2 : op == 'J' ? 4 : 8);
-      case 'U': case 'C': case 0x8a: case 0x8c:  // 1-byte length: strings, bytes, LONG1
+      case 'U': case 'C': case 0x8c:             // 1-byte length: strings, bytes
       case 'T': case 'B': case 'X': case 0x8b:   // 4-byte length
       case 0x8d: case 0x8e: {                    // 8-byte length
-        const size_t width = (op == 'U' || op == 'C' || op == 0x8a || op == 0x8c) ? 1
+        const size_t width = (op == 'U' || op == 'C' || op == 0x8c) ? 1
                              : (op == 0x8d || op == 0x8e)                         ? 8
                                                                                    : 4;
         uint64_t length = 0;
@@ -310,6 +348,8 @@ class OrderedDictRewriter {
   std::vector<std::pair<size_t, size_t>> ops_;  // (offset, size) of every opcode with its argument
   std::set<size_t> drop_;                       // offsets of opcodes left out
   std::map<size_t, char> replace_;              // offsets of opcodes replaced by one byte
+  std::map<size_t, std::string> rewritten_;     // offsets of opcodes replaced, argument and all
+  std::string why_;                             // what the walker refuses, when it is not malformed
   std::set<size_t> mark_before_;                // offsets before which a MARK goes
   std::vector<std::pair<size_t, size_t>> dropped_ranges_;  // [first, last] opcode offsets left out
   std::vector<uint32_t> depth_{0};  // by Entry::id; id 0 stands for every scalar and string

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
+
 #include "../test_util.h"
 #include "lockstep/core/atomic_file.h"
 
@@ -36,6 +38,36 @@ TEST(TorchLoad, ReadsPythonsOrderedDictsAndOneEntryContainers) {
   ASSERT_EQ(top.at("nested").toListRef().size(), 2u);
   EXPECT_EQ(top.at("nested").toListRef()[1].toGenericDict().at("k").toDouble(), 2.5);
   EXPECT_EQ(top.at("empty").toGenericDict().size(), 0u);
+}
+
+// Issue 53 item 19: an int between 2^31 and 2^55 anywhere in the pickle ("tokens_seen":
+// 5_000_000_000) failed with "Expected length to be 8, got 5", and pickle_protocol=4 was called
+// malformed at byte 2. Ints of any width up to int64 are read; protocol 4 is refused naming it and
+// the fix (See Note [Integers and protocols LibTorch's unpickler does not read]).
+TEST(TorchLoad, ReadsPythonsIntsOfEveryWidthAndNamesProtocolFour) {
+  const std::string python = testing::python_with_torch();
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
+  testing::TempDir dir;
+  const auto r = testing::run_command(
+      python + " -c \"import torch, sys; d = {'tokens_seen': 5_000_000_000, 'neg': -5_000_000_000, 'big': 2**62,"
+               " 'small_neg': -(2**31) - 1, 'max': 2**63 - 1, 'min': -(2**63), 'three': 2**23 * 300, 'w': torch.ones(2)};"
+               " torch.save(d, sys.argv[1] + '/p2.pt'); torch.save(d, sys.argv[1] + '/p4.pt', pickle_protocol=4);"
+               " torch.save({'huge': 2**70}, sys.argv[1] + '/huge.pt')\" '" + dir.path() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto d = torch_load(read_file(dir / "p2.pt")).toGenericDict();
+  EXPECT_EQ(d.at("tokens_seen").toInt(), 5'000'000'000);
+  EXPECT_EQ(d.at("neg").toInt(), -5'000'000'000);
+  EXPECT_EQ(d.at("big").toInt(), int64_t{1} << 62);
+  EXPECT_EQ(d.at("small_neg").toInt(), -(int64_t{1} << 31) - 1);
+  EXPECT_EQ(d.at("max").toInt(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(d.at("min").toInt(), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(d.at("three").toInt(), int64_t{300} << 23);
+  EXPECT_TRUE(torch::equal(d.at("w").toTensor(), torch::ones({2})));
+  EXPECT_THAT(testing::error_message([&] { torch_load(read_file(dir / "p4.pt")); }),
+              ::testing::HasSubstr("is pickle protocol 4 (torch.save(..., pickle_protocol=4)), which LibTorch's "
+                                   "unpickler does not read; save it with torch.save's default, protocol 2"));
+  EXPECT_THAT(testing::error_message([&] { torch_load(read_file(dir / "huge.pt")); }),
+              ::testing::HasSubstr("holds an integer of 9 bytes, beyond int64"));
 }
 
 TEST(TorchLoad, ReadsTorchPickleSaveAndRefusesGarbage) {
