@@ -45,6 +45,16 @@ class Archive {
   uint64_t size_;
 };
 
+// Note [Records that inflate]
+// torch.save and torch.jit.save write every record stored (uncompressed), so a record's size is
+// bounded by the file's. A deflated one can claim a thousand times its bytes (a 1.7 MB file whose
+// data/0 inflates to 1 GB), and LibTorch's reader inflates a record whole into memory when the
+// unpickler asks for it, before lockstep can compare it with what its tensors need. So a compressed
+// record may declare at most kMaxInflation times the archive's size (at least kMinInflationBound),
+// checked here from the central directory, before any record is read.
+constexpr uint64_t kMaxInflation = 16;
+constexpr uint64_t kMinInflationBound = uint64_t{64} << 20;
+
 constexpr uint32_t kEndOfDirectory = 0x06054b50;
 constexpr uint32_t kZip64Locator = 0x07064b50;
 constexpr uint32_t kZip64EndOfDirectory = 0x06064b50;
@@ -152,6 +162,12 @@ void verify_zip_checksums(const std::vector<char>& bytes) {
                 "' has no local header at offset ", local);
     const uint64_t data_offset = local + 30 + a.u16(local + 26, "local name length") +
                                  a.u16(local + 28, "local extra field length");
+    // See Note [Records that inflate]: before anything is inflated or allocated.
+    const uint64_t most = std::max<uint64_t>(a.size() * kMaxInflation, kMinInflationBound);
+    TORCH_CHECK(method == 0 || uncompressed <= most, "record '", name, "' is compressed ", compressed, " bytes that ",
+                "would inflate to ", uncompressed, " in an archive of ", a.size(), " bytes; torch.save and "
+                "torch.jit.save store records uncompressed, and a record may take at most ", most,
+                " bytes of memory here: write the file with torch.save again");
     const unsigned char* data = a.at(data_offset, compressed, "record data");
     const uint64_t crc = crc_of(data, compressed, uncompressed, method, name);
     TORCH_CHECK(crc == stored_crc, "record '", name, "' fails its CRC-32 check (stored ", hex32(stored_crc),

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/zip_checksum.h"
 
 namespace lockstep::models {
 namespace {
@@ -104,6 +105,7 @@ std::string expected_input(const torch::jit::Module& script) {
 torch::jit::Module load_torchscript(const std::string& file) {
   torch::jit::Module module;
   try {
+    verify_zip_checksums(read_file(file));  // a flipped bit, or a record that inflates past the file
     module = torch::jit::load(file);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "'", file, "' is not a TorchScript module (torch.jit.save of a scripted or traced module): ",

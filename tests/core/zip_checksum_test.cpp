@@ -10,7 +10,9 @@
 
 #include "../test_util.h"
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/process.h"
 #include "lockstep/core/torch_load.h"
+#include "lockstep/models/torchscript_module.h"
 
 namespace lockstep {
 namespace {
@@ -70,6 +72,42 @@ TEST(ZipChecksum, ArchivesWrittenByPythonPassAndACorruptDeflatedRecordFails) {
   EXPECT_NO_THROW(verify_zip_checksums(deflated));
   deflated[40] ^= 0x10;  // inside the compressed data (the local header is 30 + 3 bytes)
   EXPECT_THAT(error_message([&] { verify_zip_checksums(deflated); }), HasSubstr("record 'a/x'"));
+}
+
+// Issue 53 item 9: a 1.7 MB weights file whose data/0 record inflates to 1 GB was read (only
+// "claimed <= record" was checked), and the same inside a TorchScript model.pt took 1.2 GB in
+// predict. A compressed record is bounded by the archive's size before anything inflates (Note
+// [Records that inflate]); torch.save and torch.jit.save never compress.
+TEST(ZipChecksum, ARecordThatInflatesFarPastTheFileIsRefusedBeforeItIsRead) {
+  const std::string python = testing::python_with_torch();
+  if (python.empty()) GTEST_SKIP() << testing::kNoPythonTorch;
+  testing::TempDir dir;
+  // Each file rewritten with its data/0 record replaced by 200 MB of zeros, deflated (~200 kB).
+  const auto r = testing::run_command(
+      python + " -c \"import sys, zipfile, torch\n"
+               "d = sys.argv[1]\n"
+               "torch.save({'w': torch.zeros(10)}, d + '/w.pt')\n"
+               "torch.jit.script(torch.nn.Linear(2, 2)).save(d + '/m.pt')\n"
+               "for name in ('w', 'm'):\n"
+               "    src = zipfile.ZipFile(d + '/' + name + '.pt')\n"
+               "    with zipfile.ZipFile(d + '/' + name + '_bomb.pt', 'w') as out:\n"
+               "        for i in src.infolist():\n"
+               "            data = bytes(200 << 20) if i.filename.endswith('data/0') else src.read(i)\n"
+               "            out.writestr(i.filename, data, compress_type=zipfile.ZIP_DEFLATED)\n"
+               "\" '" + dir.path() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double before = peak_rss_mib();
+  const std::string weights = error_message([&] { torch_load(read_file(dir / "w_bomb.pt")); });
+  EXPECT_THAT(weights, HasSubstr("data/0' is compressed"));
+  EXPECT_THAT(weights, HasSubstr("that would inflate to 209715200 in an archive of"));
+  EXPECT_THAT(weights, HasSubstr("torch.save and torch.jit.save store records uncompressed"));
+  const std::string script = error_message([&] { models::load_torchscript(dir / "m_bomb.pt"); });
+  EXPECT_THAT(script, HasSubstr("'" + (dir / "m_bomb.pt") + "' is not a TorchScript module"));
+  EXPECT_THAT(script, HasSubstr("would inflate to 209715200"));
+  EXPECT_LT(peak_rss_mib() - before, 100.0);  // nothing was inflated
+  // The files as Python wrote them still load.
+  EXPECT_EQ(torch_load(read_file(dir / "w.pt")).toGenericDict().size(), 1u);
+  EXPECT_TRUE(models::load_torchscript(dir / "m.pt").find_method("forward").has_value());
 }
 
 }  // namespace
