@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -321,9 +322,37 @@ InferRequest parse_infer_request(const std::string& body, std::optional<size_t> 
   return request;
 }
 
+// Note [Non-finite outputs in JSON]
+// JSON has no NaN or infinity, and nlohmann writes them as null, which a client reads as None:
+// a model's NaN became a missing value with a 200. Triton writes them as rapidjson does with
+// kWriteNanAndInfFlag, NaN, Infinity and -Infinity (triton-inference-server/server#3870), which
+// Python's json, and so tritonclient, reads back as floats. lockstep writes the same: an output
+// whose values are not all finite has its "data" written by hand, finite values as nlohmann writes
+// them, and the response is joined around it (no placeholder a request's id could imitate).
+// Binary outputs carry the bits as they are.
+std::string json_numbers_with_non_finite(const torch::Tensor& values) {
+  const torch::Tensor v = values.to(torch::kFloat).contiguous();
+  const float* p = v.data_ptr<float>();
+  std::string out = "[";
+  for (int64_t i = 0; i < v.numel(); ++i) {
+    if (i > 0) out += ',';
+    out += std::isnan(p[i]) ? "NaN"
+           : std::isinf(p[i]) ? (p[i] > 0 ? "Infinity" : "-Infinity")
+                              : nlohmann::json(static_cast<double>(p[i])).dump();
+  }
+  return out + "]";
+}
+
+// `object` (a JSON object) dumped with `key` set to the JSON text `value`.
+std::string with_raw_member(const nlohmann::json& object, const std::string& key, const std::string& value) {
+  std::string text = object.dump();
+  text.pop_back();  // the closing brace
+  return text + (object.empty() ? "" : ",") + nlohmann::json(key).dump() + ":" + value + "}";
+}
+
 InferResponse make_infer_response(const InferRequest& request, const ModelConfig& config, int64_t version,
                                   const Tensors& outputs) {
-  nlohmann::json list = nlohmann::json::array();
+  std::vector<std::string> texts;  // each output as JSON text
   std::string binary;
   for (const RequestedOutput& r : request.outputs) {
     const TensorSpec& spec = config.outputs.at(r.index);
@@ -333,6 +362,10 @@ InferResponse make_infer_response(const InferRequest& request, const ModelConfig
       const size_t bytes = static_cast<size_t>(values.nbytes());
       out["parameters"] = {{"binary_data_size", bytes}};
       binary.append(static_cast<const char*>(values.data_ptr()), bytes);
+    } else if (json_kind(values.scalar_type()) == JsonKind::kNumber &&
+               !torch::isfinite(values).all().item<bool>()) {  // See Note [Non-finite outputs in JSON]
+      texts.push_back(with_raw_member(out, "data", json_numbers_with_non_finite(values)));
+      continue;
     } else if (json_kind(values.scalar_type()) == JsonKind::kNumber) {
       const torch::Tensor v = values.to(torch::kFloat);
       out["data"] = std::vector<float>(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
@@ -342,11 +375,13 @@ InferResponse make_infer_response(const InferRequest& request, const ModelConfig
       const torch::Tensor v = values.to(torch::kLong);
       out["data"] = std::vector<int64_t>(v.data_ptr<int64_t>(), v.data_ptr<int64_t>() + v.numel());
     }
-    list.push_back(std::move(out));
+    texts.push_back(out.dump());
   }
-  nlohmann::json j{{"model_name", config.name}, {"model_version", std::to_string(version)}, {"outputs", list}};
+  nlohmann::json j{{"model_name", config.name}, {"model_version", std::to_string(version)}};
   if (!request.id.empty()) j["id"] = request.id;
-  InferResponse response{j.dump(), "application/json", std::nullopt};
+  // "outputs" sorts last, where nlohmann would put it: the bytes are j's with the outputs in it.
+  InferResponse response{with_raw_member(j, "outputs", "[" + c10::Join(",", texts) + "]"), "application/json",
+                         std::nullopt};
   const bool any_binary = std::any_of(request.outputs.begin(), request.outputs.end(),
                                       [](const RequestedOutput& r) { return r.binary; });
   if (any_binary) {

@@ -3,6 +3,8 @@
 // header followed by the raw little-endian floats.
 #include "lockstep/serve/http_protocol.h"
 
+#include "../test_util.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -10,7 +12,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <limits>
 #include <random>
 
 namespace lockstep {
@@ -147,6 +151,40 @@ TEST(HttpProtocol, JsonResponseCarriesTheLogitsAsNumbers) {
   EXPECT_EQ(j["outputs"][0]["name"], "logits");
   const auto data = j["outputs"][0]["data"].get<std::vector<float>>();
   EXPECT_TRUE(torch::equal(torch::tensor(data).reshape({1, 10}), logits));  // floats round-trip exactly
+}
+
+// Issue 53 item 23: NaN outputs were answered as JSON null with a 200 (a missing value to the
+// client). They are written as Triton writes them, NaN, Infinity and -Infinity, which Python's json
+// (tritonclient's parser) reads back; finite outputs keep their bytes (See Note [Non-finite outputs
+// in JSON]).
+TEST(HttpProtocol, NonFiniteOutputsAreWrittenAsTritonWritesThem) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const torch::Tensor logits =
+      torch::tensor({{0.5f, std::numeric_limits<float>::quiet_NaN(), inf, -inf, 1e-7f, 5.f, 6.f, 7.f, 8.f, 9.f}});
+  serve::InferRequest request;
+  request.id = "NaN]},{\"x";  // a request's id cannot reach into the hand-written part
+  request.outputs = {{0, /*binary=*/false}};
+  const std::string body = serve::make_infer_response(request, small_config(), 1, {logits}).body;
+  EXPECT_THAT(body, HasSubstr("\"data\":[0.5,NaN,Infinity,-Infinity,1.0000000116860974e-07,5.0,6.0,7.0,8.0,9.0]"));
+  EXPECT_THAT(body, ::testing::StartsWith("{\"id\":\"NaN]},{\\\"x\",\"model_name\":\"convnet\""));
+  // Python's json reads it back, as tritonclient does.
+  const std::string python = testing::python_with_torch();
+  if (!python.empty()) {
+    testing::TempDir dir;
+    std::ofstream(dir / "r.json") << body;
+    const auto r = testing::run_command(python + " -c \"import json, sys; d = json.load(open(sys.argv[1]));"
+                                                 " print(d['id'], d['outputs'][0]['data'][:4])\" " + (dir / "r.json"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("NaN]},{\"x [0.5, nan, inf, -inf]"));
+  }
+  // All finite: the bytes nlohmann writes for the whole response, as before.
+  const torch::Tensor finite = torch::arange(10, torch::kFloat).reshape({1, 10});
+  request.id = "r1";
+  nlohmann::json expected{{"id", "r1"}, {"model_name", "convnet"}, {"model_version", "1"},
+                          {"outputs", {{{"name", "logits"}, {"datatype", "FP32"}, {"shape", {1, 10}},
+                                        {"data", std::vector<float>(10)}}}}};
+  for (int i = 0; i < 10; ++i) expected["outputs"][0]["data"][i] = static_cast<float>(i);
+  EXPECT_EQ(serve::make_infer_response(request, small_config(), 1, {finite}).body, expected.dump());
 }
 
 TEST(HttpProtocol, EveryMalformedRequestIsA400NamingTheProblem) {
