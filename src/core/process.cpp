@@ -33,8 +33,9 @@ std::optional<int64_t> env_int(const char* name) {
   char* end = nullptr;
   errno = 0;
   long long value = std::strtoll(text, &end, 10);
-  TORCH_CHECK_VALUE(errno == 0 && end != text && *end == '\0', "environment variable ", name, "='", text,
-              "' is not an integer; unset it or give a whole number");
+  TORCH_CHECK_VALUE(end != text && *end == '\0', "environment variable ", name, "='", text,
+                    "' is not an integer; unset it or give a whole number");
+  TORCH_CHECK_VALUE(errno != ERANGE, "environment variable ", name, "='", text, "' is beyond a 64-bit integer");
   return value;
 }
 

@@ -120,6 +120,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"RANK=0 WORLD_SIZE=99999999", "WORLD_SIZE=99999999 is more ranks than lockstep runs (at most 1048576)"},
         BadInput{"MASTER_PORT=abc", "MASTER_PORT='abc' is not an integer"},
         BadInput{"MASTER_PORT=0", "MASTER_PORT=0 is not a TCP port (1-65535)"},
+        BadInput{"MASTER_PORT=99999999999999999999", "MASTER_PORT='99999999999999999999' is beyond a 64-bit integer"},
         BadInput{"MASTER_PORT=70000", "MASTER_PORT=70000 is not a TCP port (1-65535)"},
         BadInput{"LOCAL_WORLD_SIZE=0", "LOCAL_WORLD_SIZE=0 must be at least 1"},
         BadInput{"RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=0", "LOCAL_WORLD_SIZE=0 must be between 1 and WORLD_SIZE=1"},
