@@ -103,6 +103,15 @@ class Trainer::Loop {
   }
 
   TrainResult fit() {
+    // The loader, the log and the run's figures end with the run: a second fit() would dereference
+    // the loader (after a stop) or train nothing and return the first result (after the end).
+    TORCH_CHECK(!fitted_, "Trainer::fit() has already run on this Trainer and ",
+                result_.stopped ? c10::str("stopped as asked at step ", pos_.step, " (epoch ", pos_.epoch + 1, " of ",
+                                           o_.epochs(), "); to continue, make a new Trainer on the same "
+                                           "checkpoint directory with checkpoint resume \"latest\"")
+                                : c10::str("trained all ", o_.epochs(), " epochs (", pos_.step,
+                                           " steps); a Trainer fits once: make a new Trainer to train again"));
+    fitted_ = true;
     for (; pos_.epoch < o_.epochs(); pos_ = pos_.next_epoch()) {
       train_epoch(data_->batches(epoch_batches(pos_.epoch, replicas_, replica_)));
       // Between epochs the epoch's own checkpoint holds the position.
@@ -316,6 +325,7 @@ class Trainer::Loop {
   std::optional<LrSchedule> schedule_;
   log::RunLog log_;
   TrainingPosition pos_;
+  bool fitted_ = false;  // fit() runs once
   TrainResult result_;
   int64_t bytes_sent_ = 0;  // by this rank's collectives during the steps of this run
   int64_t steps_run_ = 0;

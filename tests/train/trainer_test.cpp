@@ -195,6 +195,27 @@ TEST(TrainerApi, AStopEndsTheRunAtAStepBoundaryThatResumesExactly) {
   for (const auto& [name, t] : whole) EXPECT_TRUE(torch::equal(t, resumed.at(name))) << name;
 }
 
+// Issue 54 item 1: fit() again after a stop dereferenced the reset loader (SIGSEGV); after a
+// finished run it trained nothing and returned the first result. Both are refused saying what ran
+// and what to do.
+TEST(TrainerApi, FitRunsOnceAndASecondCallSaysWhatRanAndWhatToDo) {
+  testing::TempDir dir;
+  const auto data = features(64, 5);
+  TwoLayer m;
+  int64_t polls = 0;
+  Trainer stopped(torch::nn::AnyModule(m), data,
+                  quiet().epochs(2).checkpoint(CheckpointerOptions().dir(dir / "c")).stop_requested([&] { return ++polls >= 3; }));
+  EXPECT_TRUE(stopped.fit().stopped);
+  EXPECT_THAT(testing::error_message([&] { stopped.fit(); }),
+              HasSubstr("Trainer::fit() has already run on this Trainer and stopped as asked at step 3 (epoch 1 of 2); "
+                        "to continue, make a new Trainer on the same checkpoint directory with checkpoint resume "
+                        "\"latest\""));
+  Trainer finished(torch::nn::AnyModule(TwoLayer()), data, quiet().epochs(1));
+  EXPECT_EQ(finished.fit().steps, 4);
+  EXPECT_THAT(testing::error_message([&] { finished.fit(); }),
+              HasSubstr("has already run on this Trainer and trained all 1 epochs (4 steps); a Trainer fits once"));
+}
+
 TEST(TrainerApi, RefusesBadOptionsNamingTheValue) {
   const auto data = features(32, 6);
   const auto refused = [&](const TrainerOptions& o) {
