@@ -93,4 +93,19 @@ void run_log_input(const uint8_t* data, size_t size);
 // bench::read_matrix on a `lockstep bench --matrix` YAML file.
 void bench_matrix_input(const uint8_t* data, size_t size);
 
+// data::Transforms::parse on a --transform spec: accepted, or refused with a ValueError quoting the
+// spec (a bounded message); what parses must read back as itself from str() and run on an image or
+// refuse it with a c10::Error.
+void transform_spec_input(const uint8_t* data, size_t size);
+
+// data::read_csv with label column "label": accepted as a consistent table (rows, columns, finite
+// features, labels within the classes, at most kMaxCsvClasses), or refused naming the file.
+void csv_input(const uint8_t* data, size_t size);
+
+// launch::accelerate_launch_settings on an accelerate config file.
+void accelerate_config_input(const uint8_t* data, size_t size);
+
+// train::with_deepspeed_config_file on a DeepSpeed JSON config, for a world of 2.
+void deepspeed_config_input(const uint8_t* data, size_t size);
+
 }  // namespace lockstep::fuzz

@@ -49,7 +49,8 @@ std::optional<int64_t> slurm_tasks_on_node(const std::string& spec, int64_t node
       if (node < repeat) return count;
       node -= repeat;
     } catch (const std::logic_error&) {
-      TORCH_CHECK_VALUE(false, "SLURM_STEP_TASKS_PER_NODE='", spec, "' is not a SLURM tasks-per-node list like 2(x3),1");
+      TORCH_CHECK_VALUE(false, "SLURM_STEP_TASKS_PER_NODE='", spec,
+                        "' is not a SLURM tasks-per-node list like 2(x3),1");
     }
   }
   return std::nullopt;
@@ -94,8 +95,8 @@ WorldInfo world_from_env() {
     TORCH_CHECK_VALUE(w.world_size <= kMaxWorldSize, names.world_size, "=", w.world_size,
                       " is more ranks than lockstep runs (at most ", kMaxWorldSize, ")");
     TORCH_CHECK_VALUE(w.rank >= 0 && w.rank < w.world_size, names.rank, "=", w.rank, " is outside [0, ",
-                w.world_size, ") given ", names.world_size, "=", w.world_size,
-                "; the launcher set inconsistent variables");
+                      w.world_size, ") given ", names.world_size, "=", w.world_size,
+                      "; the launcher set inconsistent variables");
     TORCH_CHECK_VALUE(w.local_world_size >= 1 && w.local_world_size <= w.world_size, names.local_world_size, "=",
                       w.local_world_size, " must be between 1 and ", names.world_size, "=", w.world_size,
                       " (the ranks on this node are some of the job's)");

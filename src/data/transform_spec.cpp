@@ -235,11 +235,14 @@ class SpecParser {
   [[noreturn]] void fail(const std::string& what, size_t at = std::string::npos) const {
     at = at == std::string::npos ? pos_ : at;
     const std::string here = at < spec_.size() ? "'" + spec_.substr(at, 24) + "'" : "the end";
-    // A long spec is shown by its start: the offset says where.
-    const std::string shown = spec_.size() <= kShownSpec
-                                  ? spec_
-                                  : spec_.substr(0, kShownSpec) + "... (" + std::to_string(spec_.size()) + " characters)";
-    TORCH_CHECK_VALUE(false, "transform spec '", shown, "': ", what, " at ", here, " (offset ", at,
+    // A long spec is shown by its start: the offset says where. What is wrong quotes names and
+    // values from the spec, so it is cut too (the transform_spec fuzzer made it 4 kB).
+    const std::string shown =
+        spec_.size() <= kShownSpec
+            ? spec_
+            : spec_.substr(0, kShownSpec) + "... (" + std::to_string(spec_.size()) + " characters)";
+    const std::string why = what.size() <= 2 * kShownSpec ? what : what.substr(0, 2 * kShownSpec) + "...";
+    TORCH_CHECK_VALUE(false, "transform spec '", shown, "': ", why, " at ", here, " (offset ", at,
                       "); known transforms: ", known_transforms());
   }
 
@@ -338,7 +341,12 @@ class SpecParser {
         if (!comma) break;
       }
       // (x) is x in Python; (x,) and [x] are sequences.
-      if (c == '(' && v.items.size() == 1 && !comma) v = v.items[0];
+      // (Moved out first: assigning v from its own item freed the item while it was copied, a
+      // use-after-free the transform_spec fuzzer found.)
+      if (c == '(' && v.items.size() == 1 && !comma) {
+        SpecValue inner = std::move(v.items[0]);
+        v = std::move(inner);
+      }
     } else if (c == '\'' || c == '"') {
       const size_t end = spec_.find(c, pos_ + 1);
       if (end == std::string::npos) fail("unterminated string");

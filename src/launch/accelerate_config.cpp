@@ -343,7 +343,8 @@ LaunchSettings ConfigReader::finish(const AccelerateConfigOptions& options) {
 
 LaunchSettings accelerate_launch_settings(const std::string& path, const AccelerateConfigOptions& options) {
   std::ifstream file(path);
-  TORCH_CHECK_VALUE(file.good(), "cannot read the accelerate config '", path, "'; give the path of a YAML or JSON file");
+  TORCH_CHECK_VALUE(file.good(), "cannot read the accelerate config '", path,
+                    "'; give the path of a YAML or JSON file");
   std::stringstream text;
   text << file.rdbuf();
   YAML::Node root;
@@ -361,14 +362,19 @@ LaunchSettings accelerate_launch_settings(const std::string& path, const Acceler
   const std::set<std::string> handled{"num_processes",    "num_machines", "machine_rank",   "main_process_ip",
                                       "main_process_port", "distributed_type", "mixed_precision", "fsdp_config",
                                       "deepspeed_config"};
-  reader.read_processes(root);
-  reader.read_distributed_type(root);
-  reader.read_mixed_precision(root);
-  for (const auto& entry : root) {
-    TORCH_CHECK_VALUE(entry.first.IsScalar(), reader.where(entry.first), ": a key that is not a single value; "
-                      "accelerate's keys are names such as distributed_type");
-    const std::string key = entry.first.as<std::string>();
-    if (handled.count(key) == 0) reader.read_other(key, entry.second);
+  try {
+    reader.read_processes(root);
+    reader.read_distributed_type(root);
+    reader.read_mixed_precision(root);
+    for (const auto& entry : root) {
+      TORCH_CHECK_VALUE(entry.first.IsScalar(), reader.where(entry.first), ": a key that is not a single value; "
+                        "accelerate's keys are names such as distributed_type");
+      const std::string key = entry.first.as<std::string>();
+      if (handled.count(key) == 0) reader.read_other(key, entry.second);
+    }
+  } catch (const YAML::Exception& e) {  // a value of a shape no check above expected (the fuzzer's
+                                         // fsdp_config: a scalar), named with its file
+    TORCH_CHECK_VALUE(false, path, ", line ", e.mark.line + 1, ": ", e.msg);
   }
   return reader.finish(options);
 }

@@ -87,14 +87,15 @@ void read_position_and_run(const GenericDict& top, const std::string& source, Ch
   c.position.skipped_steps = count("skipped_steps");
   c.position.consecutive_skips = count("consecutive_skips");
   const IValue loss_sum = entry(position, "epoch_loss_sum", source);
-  TORCH_CHECK_VALUE(loss_sum.isDouble() && std::isfinite(loss_sum.toDouble()), source,
-                    " position.epoch_loss_sum is ", loss_sum.isDouble() ? std::to_string(loss_sum.toDouble()) : "a " + std::string(loss_sum.tagKind()),
+  TORCH_CHECK_VALUE(loss_sum.isDouble() && std::isfinite(loss_sum.toDouble()), source, " position.epoch_loss_sum is ",
+                    loss_sum.isDouble() ? std::to_string(loss_sum.toDouble()) : "a " + std::string(loss_sum.tagKind()),
                     ", not a finite number");
   c.position.epoch_loss_sum = loss_sum.toDouble();
   c.position.epoch_steps = count("epoch_steps");
-  TORCH_CHECK_VALUE(c.position.skipped_steps <= c.position.step && c.position.consecutive_skips <= c.position.skipped_steps,
-                    source, " position counts ", c.position.skipped_steps, " skipped steps (", c.position.consecutive_skips,
-                    " in a row) of ", c.position.step, ": more than it took");
+  const TrainingPosition& p = c.position;
+  TORCH_CHECK_VALUE(p.skipped_steps <= p.step && p.consecutive_skips <= p.skipped_steps, source, " position counts ",
+                    p.skipped_steps, " skipped steps (", p.consecutive_skips, " in a row) of ", p.step,
+                    ": more than it took");
   for (const auto& item : as_dict(entry(top, "run", source), source + " run"))
     c.run.insert(item.key().toStringRef(), item.value());
 }

@@ -257,10 +257,12 @@ TEST(TransformSpec, BadSpecsNameTheSpecTheTextAndWhatIsKnown) {
 // at most 64 deep; the message shows a long spec by its start, so it stays short.
 TEST(TransformSpec, DeepNestingIsRefusedNotRecursedInto) {
   for (const size_t depth : {65, 30000, 1000000}) {
-    const std::string spec = "Resize(" + std::string(depth, '(') + "28" + std::string(depth, ')') + ")";
+    std::string spec = "Resize(";
+    spec.append(depth, '(').append("28").append(depth, ')').append(")");
     const std::string message = testing::error_message([&] { Transforms::parse(spec); });
     EXPECT_THAT(message, HasSubstr("values nested more than 64 deep")) << depth;
-    if (spec.size() > 200) EXPECT_THAT(message, HasSubstr("(" + std::to_string(spec.size()) + " characters)")) << depth;
+    const std::string characters = c10::str("(", spec.size(), " characters)");
+    if (spec.size() > 200) EXPECT_THAT(message, HasSubstr(characters)) << depth;
     EXPECT_LT(message.size(), 1000u) << depth;
   }
   // 64 deep parses as Python reads it: (((28))) is 28.

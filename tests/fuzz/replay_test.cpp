@@ -65,6 +65,10 @@ TEST(FuzzReplay, ModelConfigCorpusAndCrashes) { replay("model_config", model_con
 TEST(FuzzReplay, TokenizerJsonCorpusAndCrashes) { replay("tokenizer_json", tokenizer_json_input); }
 TEST(FuzzReplay, RunLogCorpusAndCrashes) { replay("run_log", run_log_input); }
 TEST(FuzzReplay, BenchMatrixCorpusAndCrashes) { replay("bench_matrix", bench_matrix_input); }
+TEST(FuzzReplay, TransformSpecCorpusAndCrashes) { replay("transform_spec", transform_spec_input); }
+TEST(FuzzReplay, CsvCorpusAndCrashes) { replay("csv", csv_input); }
+TEST(FuzzReplay, AccelerateConfigCorpusAndCrashes) { replay("accelerate_config", accelerate_config_input); }
+TEST(FuzzReplay, DeepSpeedConfigCorpusAndCrashes) { replay("deepspeed_config", deepspeed_config_input); }
 
 // The oracle the targets share: an error is clean only when it names the file.
 TEST(FuzzReplay, AnErrorThatDoesNotNameTheFileIsAViolation) {
