@@ -322,6 +322,8 @@ InferRequest parse_infer_request(const std::string& body, std::optional<size_t> 
   return request;
 }
 
+namespace {
+
 // Note [Non-finite outputs in JSON]
 // JSON has no NaN or infinity, and nlohmann writes them as null, which a client reads as None:
 // a model's NaN became a missing value with a 200. Triton writes them as rapidjson does with
@@ -349,6 +351,8 @@ std::string with_raw_member(const nlohmann::json& object, const std::string& key
   text.pop_back();  // the closing brace
   return text + (object.empty() ? "" : ",") + nlohmann::json(key).dump() + ":" + value + "}";
 }
+
+}  // namespace
 
 InferResponse make_infer_response(const InferRequest& request, const ModelConfig& config, int64_t version,
                                   const Tensors& outputs) {
