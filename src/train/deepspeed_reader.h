@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,21 @@
 namespace lockstep::train::deepspeed {
 
 using nlohmann::json;
+
+// Where each key of a config file sits, "optimizer.params.lr" -> its line (1-based). Empty for a
+// config that did not come from a file.
+using KeyLines = std::map<std::string, int64_t>;
+
+// The JSON text of the config file `path`, its keys' lines in `lines`. Refuses a key given twice in
+// one object (DeepSpeed refuses it), a number beyond a double and nesting past 100 levels, naming
+// the file, the key and the line (deepspeed_json.cpp).
+json parse_config_file(const std::string& path, std::string text, KeyLines& lines);
+
+// "ds.json, line 3" where the key's line is known, else "ds.json".
+std::string where(const std::string& source, const KeyLines& lines, const std::string& key);
+
+// A known section or value of the wrong type is an error, strict or not (deepspeed_json.cpp).
+void check_shapes(const json& config, const std::string& source, const KeyLines& lines);
 
 inline bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
