@@ -38,8 +38,25 @@ class BytesReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
 // device, numel) and hands it the bytes of record data/KEY, without comparing the two. A flipped
 // key (data/0 -> data/1, one bit) or numel gives a tensor whose storage claims more bytes than
 // its record holds: the first copy of it reads past the buffer (a segfault for a model's weight,
-// found by fuzz/ state_dict; fuzz/crashes/state_dict/). So every storage of the result is checked
-// against the record it came from before anyone reads it.
+// found by fuzz/ state_dict; fuzz/crashes/state_dict/). And a record larger than its storage is
+// read whole for nothing (a 1.7 MB file whose data/0 inflates to 1 GB, issue 53). torch.save and
+// LibTorch's writers make each record exactly its storage's bytes, numel x the element size, so
+// the pickle walker collects every persistent id's claim and each claimed record's size, from the
+// zip's directory, must equal it before any record is read. After unpickling, every tensor's
+// shape, strides and offset are checked against its storage, and the storage against the record.
+void check_records(caffe2::serialize::PyTorchStreamReader& reader, const std::vector<detail::StorageClaim>& claims) {
+  for (const detail::StorageClaim& claim : claims) {
+    const std::string record = "data/" + claim.key;
+    const std::string shown = record.size() <= 64 ? record : record.substr(0, 64) + "...";
+    TORCH_CHECK(reader.hasRecord(record), "the archive has no record ", shown, " for a tensor its pickle refers to");
+    const size_t size = reader.getRecordSize(record);
+    TORCH_CHECK(size == claim.bytes, "its pickle claims ", claim.bytes, " bytes for the storage in record ", shown,
+                ", which holds ", size, " bytes; torch.save writes a storage's record with exactly its bytes (",
+                claim.numel, " elements of torch.", claim.type, " here), so the file was cut, padded or edited: "
+                "save it again with torch.save");
+  }
+}
+
 class StorageChecker {
  public:
   // Records read so far, by the address of their bytes.
@@ -97,7 +114,7 @@ class StorageChecker {
     const auto it = records_.find(storage.data());
     TORCH_CHECK(it != records_.end(), "its pickle gives a tensor a storage of ", storage.nbytes(),
                 " bytes that no record of the archive holds");
-    TORCH_CHECK(storage.nbytes() <= it->second.bytes, "its pickle claims ", storage.nbytes(),
+    TORCH_CHECK(storage.nbytes() == it->second.bytes, "its pickle claims ", storage.nbytes(),
                 " bytes for the storage in record data/", it->second.key, ", which holds ",
                 it->second.bytes, " bytes");
   }
@@ -128,9 +145,11 @@ c10::IValue torch_load(const std::vector<char>& bytes) {
               "torch.save wrote");
   const auto [pickle_data, pickle_size] = reader.getRecord("data.pkl");
   const char* p = static_cast<const char*>(pickle_data.get());
-  std::vector<char> pickle = detail::check_and_rewrite_pickle(std::vector<char>(p, p + pickle_size));
+  const detail::CheckedPickle checked = detail::check_and_rewrite_pickle(std::vector<char>(p, p + pickle_size));
+  check_records(reader, checked.storages);  // See Note [Storage sizes come from the pickle]
+  const std::vector<char>& pickle = checked.pickle;
   size_t offset = 0;
-  StorageChecker storages;  // See Note [Storage sizes come from the pickle]
+  StorageChecker storages;
   torch::jit::Unpickler unpickler(
       [&](char* out, size_t n) {
         n = std::min(n, pickle.size() - offset);

@@ -48,10 +48,12 @@ class Archive {
 // Note [Records that inflate]
 // torch.save and torch.jit.save write every record stored (uncompressed), so a record's size is
 // bounded by the file's. A deflated one can claim a thousand times its bytes (a 1.7 MB file whose
-// data/0 inflates to 1 GB), and LibTorch's reader inflates a record whole into memory when the
-// unpickler asks for it, before lockstep can compare it with what its tensors need. So a compressed
-// record may declare at most kMaxInflation times the archive's size (at least kMinInflationBound),
-// checked here from the central directory, before any record is read.
+// data/0 inflates to 1 GB), and LibTorch's reader inflates a record whole into memory when it is
+// asked for it. torch_load compares each storage record with what its storage needs before reading
+// it (Note [Storage sizes come from the pickle]), but torch::jit::load reads a TorchScript file's
+// records itself, and data.pkl has no such measure. So a compressed record may declare at most
+// kMaxInflation times the archive's size (at least kMinInflationBound), checked here from the
+// central directory, before any record is read.
 constexpr uint64_t kMaxInflation = 16;
 constexpr uint64_t kMinInflationBound = uint64_t{64} << 20;
 
