@@ -2,6 +2,7 @@
 // against measured collectives, and a run's step predicted at world sizes that cannot be tried.
 #include "plan_time.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include "checks.h"
 #include "lockstep/bench/scaling.h"
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/dist/cost_model.h"
 #include "lockstep/log/run_record.h"
 #include "lockstep/log/svg_chart.h"
 
@@ -138,6 +140,9 @@ void add_time_plan_options(CLI::App* cmd, const std::shared_ptr<TimePlanFlags>& 
 bool wants_time_plan(const TimePlanFlags& f) { return !f.collectives.empty() || f.nodes > 0; }
 
 int run_time_plan(const TimePlanFlags& f) {
+  // Before any file is read: --nodes x --ranks-per-node within the ranks a job may have (the
+  // cost model's bound, which keeps the table's powers of two and its rank counts from wrapping).
+  dist::ClusterShape{std::max<int64_t>(1, f.nodes), f.ranks_per_node}.validate();
   if (!f.collectives.empty()) return check_model(f);
   if (f.profile_log.empty()) {
     std::cerr << "lockstep plan --nodes: give --profile-log, a one-rank run's log: lockstep train ... --profile "

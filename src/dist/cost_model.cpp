@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "lockstep/core/world.h"
+
 namespace lockstep::dist {
 namespace {
 
@@ -46,6 +48,35 @@ LinkCost LinkCost::parse(const std::string& spec) {
   return LinkCost{latency, 8.0 / bits};
 }
 
+void ClusterShape::validate() const {
+  // Bounds before the product: ranks_per_host <= kMaxWorldSize / hosts cannot overflow.
+  TORCH_CHECK_VALUE(hosts >= 1 && ranks_per_host >= 1 && ranks_per_host <= kMaxWorldSize / hosts, "a cluster of ",
+                    hosts, " hosts (ClusterShape::hosts) x ", ranks_per_host,
+                    " ranks per host (ClusterShape::ranks_per_host) is not a job lockstep runs: each must be at "
+                    "least 1 and their product at most ", kMaxWorldSize, " ranks (2^20, the most a job may have); "
+                    "give fewer hosts or ranks per host");
+}
+
+int64_t ClusterShape::ranks() const {
+  validate();
+  return hosts * ranks_per_host;
+}
+
+int64_t StepShape::buckets() const {
+  TORCH_CHECK_VALUE(first_bucket_bytes >= 1 && bucket_bytes >= 1, "step shape: buckets of first_bucket_bytes ",
+                    first_bucket_bytes, " and bucket_bytes ", bucket_bytes, " must hold at least 1 byte each");
+  TORCH_CHECK_VALUE(gradient_bytes >= 0 && forward_s >= 0.0 && backward_s >= 0.0 && optimizer_s >= 0.0,
+                    "step shape: gradient_bytes ", gradient_bytes, ", forward_s ", forward_s, ", backward_s ",
+                    backward_s, " and optimizer_s ", optimizer_s, " must not be negative");
+  if (gradient_bytes == 0) return 0;
+  const int64_t rest = std::max<int64_t>(0, gradient_bytes - first_bucket_bytes);
+  const int64_t n = 1 + rest / bucket_bytes + (rest % bucket_bytes != 0 ? 1 : 0);  // no sum that can overflow
+  TORCH_CHECK_VALUE(n <= kMaxBuckets, "step shape: gradient_bytes ", gradient_bytes, " in buckets of bucket_bytes ",
+                    bucket_bytes, " make ", n, " buckets, more than the ", kMaxBuckets,
+                    " a prediction walks through (StepShape::kMaxBuckets); give larger buckets");
+  return n;
+}
+
 std::string LinkCost::describe() const {
   char text[128];
   std::snprintf(text, sizeof(text), "alpha %.1f us, beta %.4f ns/B (%.3f GB/s)", alpha * 1e6, beta * 1e9,
@@ -55,6 +86,7 @@ std::string LinkCost::describe() const {
 
 double CollectiveCosts::all_reduce_seconds(int64_t bytes, const ClusterShape& shape,
                                            AllReduceAlgorithm algorithm) const {
+  TORCH_CHECK_VALUE(bytes >= 0, "all-reduce of ", bytes, " bytes: a message is not negative");
   const double s = static_cast<double>(bytes);
   const int64_t h = shape.hosts, l = shape.ranks_per_host, n = shape.ranks();
   if (n == 1) return 0.0;
@@ -92,6 +124,8 @@ LinkCost fit_line(const std::vector<double>& bytes, const std::vector<double>& s
 
 StepPrediction predict_step(const StepShape& step, const CollectiveCosts& costs, const ClusterShape& shape,
                             AllReduceAlgorithm algorithm) {
+  step.buckets();  // see StepShape::kMaxBuckets
+  shape.validate();
   StepPrediction p;
   double done = 0.0;  // when the previous bucket's all-reduce ended, from the start of backward
   int64_t filled = 0;

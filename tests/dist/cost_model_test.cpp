@@ -2,6 +2,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "lockstep/dist/cost_model.h"
 
 namespace lockstep::dist {
@@ -86,6 +88,48 @@ TEST(CostModel, BucketsOverlapBackwardAndOnlyTheRestIsExposed) {
   EXPECT_NEAR(p.step_s, 0.038, 1e-12);
   step.backward_s = 0.001;  // communication longer than backward: it all queues up behind it
   EXPECT_NEAR(predict_step(step, c, {2, 1}, AllReduceAlgorithm::kFlat).exposed_s, 0.004 - 0.001 + 0.00025, 1e-12);
+}
+
+// Issue 54 item 10: shapes are bounded as jobs are (2^20 ranks), checked before multiplying.
+// Before: 2^62 hosts passed, and doubling them wrapped to a negative count (lockstep plan --nodes
+// looped on in 16.9 GB); ranks per host near 2^63 multiplied into -2, -4 and 0 ranks.
+TEST(CostModel, ShapesPastTheLargestJobAreRefusedBeforeMultiplying) {
+  CollectiveCosts c;
+  c.link = LinkCost{1e-4, 8e-9};
+  c.host = LinkCost{2e-5, 5e-10};
+  const int64_t s = int64_t{64} << 20;
+  EXPECT_THAT([&] { c.all_reduce_seconds(s, {int64_t{1} << 62, 1}, AllReduceAlgorithm::kFlat); },
+              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr(
+                  "a cluster of 4611686018427387904 hosts (ClusterShape::hosts) x 1 ranks per host "
+                  "(ClusterShape::ranks_per_host) is not a job lockstep runs: each must be at least 1 and their "
+                  "product at most 1048576 ranks")));
+  const int64_t most = std::numeric_limits<int64_t>::max();
+  EXPECT_THAT([&] { c.all_reduce_seconds(s, {2, most}, AllReduceAlgorithm::kHierarchical); },
+              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("2 hosts (ClusterShape::hosts) x 9223372036854775807")));
+  EXPECT_THROW((ClusterShape{0, 8}.ranks()), c10::ValueError);
+  EXPECT_THROW((ClusterShape{1024, 1025}.ranks()), c10::ValueError);
+  EXPECT_EQ((ClusterShape{1024, 1024}.ranks()), int64_t{1} << 20);
+  StepShape step;
+  step.gradient_bytes = int64_t{100} << 20;
+  EXPECT_THAT([&] { predict_step(step, c, {most / 2, 3}, AllReduceAlgorithm::kFlat); },
+              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("is not a job lockstep runs")));
+}
+
+// predict_step walks the buckets one by one: their count is bounded before the walk (before: a
+// bucket of 0 bytes looped for ever, 2^63 gradient bytes walked 3.5 x 10^11 buckets).
+TEST(CostModel, ABucketWalkIsCountedBeforeItStarts) {
+  StepShape step;
+  step.gradient_bytes = (int64_t{1} << 20) + (int64_t{50} << 20) + 1;  // the first bucket, two full, one byte
+  EXPECT_EQ(step.buckets(), 4);
+  step.gradient_bytes = std::numeric_limits<int64_t>::max();
+  EXPECT_THAT([&] { step.buckets(); },
+              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr(
+                  "gradient_bytes 9223372036854775807 in buckets of bucket_bytes 26214400 make 351843720890 buckets, "
+                  "more than the 1048576")));
+  step.gradient_bytes = 1000;
+  step.bucket_bytes = 0;
+  EXPECT_THAT([&] { predict_step(step, CollectiveCosts{}, {2, 1}, AllReduceAlgorithm::kFlat); },
+              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("bucket_bytes 0 must hold at least 1 byte each")));
 }
 
 }  // namespace

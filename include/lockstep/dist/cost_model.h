@@ -43,10 +43,17 @@ struct LinkCost {
   std::string describe() const;  // "alpha 5.0 us, beta 0.080 ns/B (12.50 GB/s)"
 };
 
+// H hosts of L ranks each. Shapes are bounded as jobs are (kMaxWorldSize, core/world.h: at most
+// 2^20 ranks), checked before multiplying, so no product of them wraps around: hosts = 2^62 or
+// ranks_per_host = 2^63 - 1 once gave a negative or zero number of ranks.
 struct ClusterShape {
   int64_t hosts = 1;
   int64_t ranks_per_host = 1;
-  int64_t ranks() const { return hosts * ranks_per_host; }
+  // hosts x ranks_per_host; throws as validate() does.
+  int64_t ranks() const;
+  // Throws c10::ValueError naming both values unless each is at least 1 and their product at most
+  // kMaxWorldSize.
+  void validate() const;
 };
 
 struct CollectiveCosts {
@@ -54,7 +61,8 @@ struct CollectiveCosts {
   LinkCost host;  // one all-reduce inside a host through shared memory, as a whole
 
   // Seconds of one sum all-reduce of `bytes` on `shape` with `algorithm` (kFlat or kHierarchical;
-  // hierarchical needs hosts >= 2 and ranks_per_host >= 2, else it is flat).
+  // hierarchical needs hosts >= 2 and ranks_per_host >= 2, else it is flat). Throws
+  // c10::ValueError for a shape validate() refuses or negative bytes.
   double all_reduce_seconds(int64_t bytes, const ClusterShape& shape, AllReduceAlgorithm algorithm) const;
 };
 
@@ -70,6 +78,8 @@ LinkCost fit_line(const std::vector<double>& bytes, const std::vector<double>& s
 // bucket that completes the first k bytes of G is ready at B x k / G; it starts when it is ready
 // and the one before it has finished; what is left after backward ends is exposed: it adds to the
 // step. The step is forward + backward + exposed + optimizer.
+// predict_step walks the buckets one by one: at most kMaxBuckets of them (25 TiB of gradients in
+// DDP's 25 MiB buckets), counted before the walk starts.
 struct StepShape {
   double forward_s = 0.0;
   double backward_s = 0.0;
@@ -77,6 +87,11 @@ struct StepShape {
   int64_t gradient_bytes = 0;
   int64_t first_bucket_bytes = int64_t{1} << 20;  // the reducer's first, small bucket
   int64_t bucket_bytes = int64_t{25} << 20;       // DDP's bucket_cap_mb
+
+  static constexpr int64_t kMaxBuckets = int64_t{1} << 20;
+  // The buckets the gradients fill (0 without gradients); throws c10::ValueError naming the values
+  // for bucket sizes under 1 byte, negative gradient bytes or times, or more than kMaxBuckets.
+  int64_t buckets() const;
 };
 
 struct StepPrediction {
@@ -85,6 +100,7 @@ struct StepPrediction {
   double step_s = 0.0;
 };
 
+// Throws c10::ValueError for a step or shape that buckets() or ClusterShape::validate() refuses.
 StepPrediction predict_step(const StepShape& step, const CollectiveCosts& costs, const ClusterShape& shape,
                             AllReduceAlgorithm algorithm);
 
