@@ -61,8 +61,8 @@ void print_text(const train::MemoryPlan& plan, const train::MemoryLimit& limit, 
             << plan.table();
   const train::RankMemory& worst = plan.largest();
   char line[512];
-  std::snprintf(line, sizeof(line), "largest: rank %lld, %.1f MiB (%s); each rank may use %.1f MiB (%s): %s\n",
-                static_cast<long long>(worst.rank), static_cast<double>(worst.peak()) / kMiB,
+  std::snprintf(line, sizeof(line), "largest: %s, %.1f MiB (%s); each rank may use %.1f MiB (%s): %s\n",
+                worst.which_ranks().c_str(), static_cast<double>(worst.peak()) / kMiB,
                 worst.peak_moment().c_str(), static_cast<double>(limit.bytes) / kMiB, limit.source.c_str(),
                 fits ? "fits" : "does not fit; lockstep train would refuse it");
   std::cout << line;
@@ -101,7 +101,13 @@ Command add_plan_command(CLI::App& app) {
             }
             return 0;
           },
-          train_wording({{"MemoryPlanOptions::world_size", "--world-size"}})};
+          train_wording({{"MemoryPlanOptions::world_size", "--world-size"},
+                         {"MemoryPlanOptions::local_ranks", "--nproc-per-node"},
+                         {"ClusterShape::hosts", "--nodes"},
+                         {"ClusterShape::ranks_per_host", "--ranks-per-node"},
+                         {"TrainOptions::max_length", "--max-length"},
+                         {"TrainOptions::n_embd", "--n-embd"},
+                         {"TrainOptions::n_layer", "--n-layer"}})};
 }
 
 }  // namespace lockstep::cli

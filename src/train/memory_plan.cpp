@@ -278,8 +278,12 @@ MemoryPlan plan_from_probe(const TrainOptions& o, const MemoryPlanOptions& p, co
   // copies through it.
   const bool through_segment = shared_memory && kind != parallel::StrategyKind::kPipeline;
   const int64_t segment = through_segment ? shared_segment_bytes(p.world_size(), layout_bytes(model)) : 0;
-  for (int64_t r = 0; r < p.world_size(); ++r) {
+  // See Note [Plans of many ranks]: one entry per stage (rank r runs stage r mod stages), else one.
+  const int64_t stages = kind == parallel::StrategyKind::kPipeline ? pipeline_stages(o, p.world_size()) : 1;
+  for (int64_t r = 0; r < std::min(stages, p.world_size()); ++r) {
     RankMemory m = planner.rank(r);
+    m.stride = stages;
+    m.count = (p.world_size() - 1 - r) / stages + 1;  // ranks r, r + stages, ... below world_size
     m.baseline = process.baseline + segment;
     m.data = process.data;
     m.steady += m.baseline + process.data;
@@ -353,6 +357,9 @@ MemoryPlan plan_model_states(const TrainOptions& o, const MemoryPlanOptions& p, 
 MemoryPlan plan_memory(const TrainOptions& o, const MemoryPlanOptions& p) {
   o.validate();
   p.validate();
+  // See Note [Refusing absurd shapes]: before the data and any model are built.
+  const int64_t local = p.local_ranks() > 0 ? p.local_ranks() : p.world_size();
+  check_model_size(o, available_memory(MemoryLimitOptions().local_ranks(local)));
   const SingleThreadGuard one_thread;  // See Note [Refusing fast]
   TrainOptions planned = o;
   planned.sync_bn(false);  // SyncBatchNorm holds what BatchNorm holds; the dry run has no group

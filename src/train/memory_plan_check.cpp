@@ -1,7 +1,9 @@
-// The check lockstep train makes at launch: a plan that does not fit is refused with what does.
+// The check lockstep train makes at launch: a plan that does not fit is refused with what does;
+// and a model whose parameters alone cannot fit, refused before it is built.
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "lockstep/train/memory_plan.h"
 #include "memory_probe.h"
@@ -84,7 +86,62 @@ std::string early_refusal(const TrainOptions& o, const MemoryPlanOptions& p, con
                   ". Set TrainOptions::ignore_memory_plan to train anyway.");
 }
 
+// A count of parameters in full ("256000789504"), or in powers of ten past 2^53, where a double
+// no longer holds every integer ("2.15e+24").
+std::string count_text(double n) {
+  char text[48];
+  std::snprintf(text, sizeof(text), n < 9007199254740992.0 ? "%.0f" : "%.3g", n);
+  return text;
+}
+
+// MiB with one decimal, from a double: the bytes of an absurd shape need not fit an int64.
+std::string mib_text(double bytes) {
+  char text[48];
+  std::snprintf(text, sizeof(text), bytes < 1e15 ? "%.1f" : "%.3g", bytes / (1024.0 * 1024.0));
+  return text;
+}
+
+// gpt-mini's tensors but the token embedding (models/gpt_mini.h), as doubles.
+struct GptMiniCount {
+  double positions = 0.0;  // wpe: context x d_model
+  double blocks = 0.0;     // layers x (12 C^2 + 13 C)
+  double final_norm = 0.0;
+  double total() const { return positions + blocks + final_norm; }
+};
+
+GptMiniCount gpt_mini_count(const TrainOptions& o) {
+  const auto c = static_cast<double>(o.n_embd());
+  GptMiniCount n;
+  n.positions = static_cast<double>(o.max_length()) * c;
+  // c_attn 3C x C + 3C, attention's c_proj C x C + C, c_fc 4C x C + 4C, the MLP's c_proj C x 4C + C,
+  // ln_1 and ln_2 2C each.
+  n.blocks = static_cast<double>(o.n_layer()) * (12.0 * c * c + 13.0 * c);
+  n.final_norm = 2.0 * c;
+  return n;
+}
+
 }  // namespace
+
+// See Note [Refusing absurd shapes].
+double model_parameter_lower_bound(const TrainOptions& o) {
+  if (!o.text() || !o.model_file().empty()) return 0.0;
+  return gpt_mini_count(o).total();
+}
+
+void check_model_size(const TrainOptions& o, const MemoryLimit& limit) {
+  const double parameters = model_parameter_lower_bound(o);
+  const double bytes = 4.0 * parameters;  // fp32, as every rank builds the model
+  if (bytes <= static_cast<double>(limit.bytes)) return;
+  const GptMiniCount n = gpt_mini_count(o);
+  TORCH_CHECK_VALUE(false, o.model(), " with TrainOptions::n_layer ", o.n_layer(), ", TrainOptions::n_embd ",
+                    o.n_embd(), " and TrainOptions::max_length ", o.max_length(), " has at least ",
+                    count_text(parameters), " parameters before its token embedding (the position table, max_length x ",
+                    "n_embd: ", count_text(n.positions), "; the ", o.n_layer(), " blocks: ", count_text(n.blocks),
+                    "), ", mib_text(bytes), " MiB in fp32, which every rank builds whole before a strategy shards it: ",
+                    "more than the ", format_mib(limit.bytes), " MiB each rank may use (", limit.source,
+                    "). Lower TrainOptions::max_length (the context; longer entries are truncated to it), ",
+                    "TrainOptions::n_embd or TrainOptions::n_layer");
+}
 
 std::string memory_plan_refusal(const MemoryPlan& plan, const MemoryLimit& limit,
                                 const std::vector<MemoryPlan>& alternatives) {

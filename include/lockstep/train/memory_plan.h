@@ -84,10 +84,20 @@ namespace lockstep::train {
 // zero2: 196 MiB free beside 129 MiB in use, and a different amount in each run) are not planned,
 // which is why the caching allocator exists (docs/memory-plan.md "Where the rest went").
 
+// Note [Plans of many ranks]
+// Ranks that hold the same are planned once: every rank of local, ddp, dp, zero1, zero2 and fsdp
+// (their layouts do not depend on the rank), and the ranks of one pipeline stage (rank r runs
+// stage r mod stages). A plan of N ranks therefore has one entry per stage at most, whatever N:
+// 2^20 ranks of ddp are one entry of 2^20 ranks, planned and printed in the time of one, where a
+// line and a RankMemory per rank took minutes and gigabytes for 10^6 and more. The printed table
+// lists at most kPlanTableEntries entries (the first and the last halves, with a line saying how
+// many lie between); the JSON form lists every one. A plan's world is at most kMaxWorldSize ranks
+// (core/world.h, 2^20), and a host's ranks at most the world's.
+
 // How a plan is made.
 struct MemoryPlanOptions {
-  TORCH_ARG(int64_t, world_size) = 1;
-  TORCH_ARG(int64_t, local_ranks) = 0;  // ranks on one host (they share its memory); 0: world_size
+  TORCH_ARG(int64_t, world_size) = 1;   // at most kMaxWorldSize
+  TORCH_ARG(int64_t, local_ranks) = 0;  // ranks on one host (they share its memory), <= world_size; 0: world_size
   // Rows of the dry run's two batches: probe_rows and twice as many (see Note [Activations by a
   // dry run]).
   TORCH_ARG(int64_t, probe_rows) = 4;
@@ -100,9 +110,11 @@ struct MemoryPlanOptions {
   void validate() const;
 };
 
-// One rank's planned bytes.
+// One rank's planned bytes, and which ranks hold the same (Note [Plans of many ranks]).
 struct RankMemory {
-  int64_t rank = 0;
+  int64_t rank = 0;    // the first rank of those with this plan
+  int64_t count = 1;   // how many: ranks rank, rank + stride, ..., rank + (count - 1) x stride
+  int64_t stride = 1;  // the pipeline's stages; 1 otherwise
   int64_t stage = -1;  // the pipeline's stage; -1 otherwise
   int64_t parameters = 0;
   int64_t gradients = 0;
@@ -122,7 +134,12 @@ struct RankMemory {
   int64_t peak() const;
   // "check at launch", "first step", "steady state" or "evaluation": when peak() happens.
   std::string peak_moment() const;
+  // The ranks with this plan: "rank 3", "ranks 0-7", "ranks 1, 3", "ranks 1, 3, ..., 1023 (512 ranks)".
+  std::string which_ranks() const;
 };
+
+// The most entries MemoryPlan::table() lists one per line (Note [Plans of many ranks]).
+constexpr int64_t kPlanTableEntries = 16;
 
 struct MemoryPlan {
   std::string strategy;
@@ -130,19 +147,45 @@ struct MemoryPlan {
   int64_t world_size = 1;
   int64_t batch_size = 0;  // per rank and micro-batch
   bool checkpoint_activations = false;
+  // One entry per group of ranks that hold the same, by first rank (Note [Plans of many ranks]).
   std::vector<RankMemory> ranks;
 
-  // The rank with the largest peak (the first of equals).
+  // The entry with the largest peak (the first of equals).
   const RankMemory& largest() const;
+  // Rank r's plan, as one rank (count 1). Throws c10::ValueError outside [0, world_size).
+  RankMemory of_rank(int64_t r) const;
   nlohmann::ordered_json to_json() const;
-  // One line per rank, MiB: "rank 0: parameters 0.11, gradients 0.11, ... peak 245.3 (steady state)".
+  // One line per entry, MiB: "ranks 0-1: parameters 0.11, gradients 0.11, ... peak 245.3 (steady
+  // state)"; past kPlanTableEntries entries, the first and last halves of them.
   std::string table() const;
 };
 
 // The plan for the run `o` describes, on `p.world_size()` ranks: builds the data and a model as
 // `lockstep train` would, and dry-runs it (Note [Activations by a dry run]). Throws
-// c10::ValueError as train() would for options that cannot train.
+// c10::ValueError as train() would for options that cannot train, and, before building anything,
+// for a model whose parameters alone exceed what each of the host's ranks may use
+// (check_model_size, with available_memory() over p's local ranks).
 MemoryPlan plan_memory(const TrainOptions& o, const MemoryPlanOptions& p);
+
+// Note [Refusing absurd shapes]
+// A model too large for the host took the plan minutes and gigabytes before it answered, or ended
+// in LibTorch's allocation failure (a context of 10^9 tokens is a position table of 10^9 x n_embd
+// parameters), where the arithmetic of its configuration refuses it at once. Every rank builds the
+// whole model in fp32 before a strategy shards or converts it, and so does the plan's own dry run,
+// so the parameters' fp32 bytes are a lower bound on what each rank holds, whatever the strategy;
+// a model past that bound is refused before the data or the model is built. One within it is
+// planned by its dry run as any other (n_embd 4096: 0.8 billion parameters, 3 GiB, built and
+// stepped). gpt-mini's are counted from its
+// layers, width and context (models/gpt_mini.h lists its tensors): per block 12 C^2 + 13 C
+// (attention's 3C x C and C x C, the MLP's 4C x C and C x 4C, their biases, two LayerNorms), the
+// position table T x C and the final LayerNorm's 2 C. The token embedding is left out (its rows are
+// known only once the corpus is tokenised), so the count is a lower bound; the arithmetic is in
+// doubles, which cannot overflow for any int64 sizes. The reference image models have no size
+// setting; a model file's size is not known before it is loaded: both count 0.
+double model_parameter_lower_bound(const TrainOptions& o);
+// Throws c10::ValueError naming the settings, the parameter count, its bytes, `limit` and what to
+// lower when model_parameter_lower_bound(o) x 4 bytes exceeds limit.bytes.
+void check_model_size(const TrainOptions& o, const MemoryLimit& limit);
 
 // What a refused run reads: why the plan does not fit `limit`, its largest rank's breakdown, and
 // the cheapest alternatives that fit (another strategy, activation checkpointing), as planned by
