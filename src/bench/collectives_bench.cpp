@@ -8,10 +8,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/log/svg_chart.h"
+#include "lockstep/train/memory_limit.h"
 
 namespace lockstep::bench {
 namespace {
@@ -27,6 +29,19 @@ constexpr int64_t kMaxSlots = 1024;      // views a cold call rotates through at
 int64_t cold_pool_bytes() {
   const long llc = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
   return 2 * (llc > 0 ? static_cast<int64_t>(llc) : int64_t{32} << 20);
+}
+
+// a x b for a, b >= 0, or INT64_MAX where that overflows: past any machine's memory either way.
+int64_t saturating_mul(int64_t a, int64_t b) {
+  int64_t out = 0;
+  return __builtin_mul_overflow(a, b, &out) ? std::numeric_limits<int64_t>::max() : out;
+}
+
+// How many buffers of `bytes` a call rotates through (Note [Collective bandwidths]).
+int64_t rotation_slots(int64_t bytes, bool warm) {
+  if (warm) return 1;
+  const int64_t pool = cold_pool_bytes(), size = std::max<int64_t>(bytes, 4);
+  return std::clamp<int64_t>(pool / size + (pool % size != 0 ? 1 : 0), 1, kMaxSlots);  // ceil, no sum to overflow
 }
 
 // `slots` equal buffers of `numel` fp32 cut from one allocation; call c uses slot c % slots.
@@ -49,8 +64,7 @@ struct Call {
 Call make_call(dist::ProcessGroup& group, const std::string& collective, int64_t bytes, bool warm) {
   const int64_t n = group.size(), numel = std::max<int64_t>(1, bytes / 4);
   const double ring = static_cast<double>(n - 1) / static_cast<double>(n);
-  const int64_t slots =
-      warm ? 1 : std::clamp<int64_t>((cold_pool_bytes() + bytes - 1) / std::max<int64_t>(bytes, 4), 1, kMaxSlots);
+  const int64_t slots = rotation_slots(bytes, warm);
   if (collective == "all_reduce" || collective == "broadcast") {
     auto t = std::make_shared<Rotation>(numel, slots);
     if (collective == "all_reduce") return {[&group, t] { group.all_reduce(t->take()); }, 2.0 * ring};
@@ -81,7 +95,51 @@ std::string size_name(int64_t bytes) {
   return c10::str(bytes, " B");
 }
 
+// See Note [Collective bandwidths]: the smallest share among the ranks decides for all of them.
+void check_memory(dist::ProcessGroup& world, const CollectivesBenchOptions& options) {
+  const std::vector<int64_t>& host_of_rank = world.host_of_rank();
+  const auto local = static_cast<int64_t>(std::count(host_of_rank.begin(), host_of_rank.end(), host_of_rank[world.rank()]));
+  const train::MemoryLimit limit = train::available_memory(train::MemoryLimitOptions().local_ranks(local));
+  torch::Tensor least = torch::tensor({static_cast<double>(limit.bytes)}, torch::kDouble);
+  world.all_reduce(least, dist::ReduceOp::kMin);
+  const auto smallest = static_cast<int64_t>(least.item<double>());  // bytes: exact in a double below 2^53
+  const int64_t needed = collectives_bench_bytes(options, world.size());
+  if (needed <= smallest) return;
+  torch::Tensor who = torch::tensor({static_cast<double>(limit.bytes <= smallest ? world.rank() : world.size())},
+                                    torch::kDouble);
+  world.all_reduce(who, dist::ReduceOp::kMin);
+  const auto rank = static_cast<int64_t>(who.item<double>());
+  int64_t fits = 0;  // the largest of the run's sizes whose buffers fit
+  for (int64_t bytes : collective_sizes(options))
+    if (collectives_bench_bytes(CollectivesBenchOptions(options).max_bytes(bytes), world.size()) <= smallest) fits = bytes;
+  TORCH_CHECK_VALUE(false, "collectives bench: messages up to max_bytes ", options.max_bytes(), " (", size_name(options.max_bytes()),
+                    ") need ", train::format_mib(needed), " MiB of buffers on each of the ", world.size(),
+                    " ranks, more than the ", train::format_mib(smallest), " MiB rank ", rank, " may use",
+                    rank == world.rank() ? " (" + limit.source + ")" : std::string(" (see its own error)"), "; ",
+                    fits > 0 ? c10::str("lower max_bytes to ", fits, " (", size_name(fits), ") or less")
+                             : c10::str("not even min_bytes ", options.min_bytes(), " fits: free memory, or run fewer ranks "
+                                        "on each host"));
+}
+
 }  // namespace
+
+std::vector<int64_t> collective_sizes(const CollectivesBenchOptions& options) {
+  options.validate();
+  std::vector<int64_t> sizes{options.min_bytes()};
+  // The product only while it stays at most max_bytes: no overflow (see Note [Collective bandwidths]).
+  while (sizes.back() <= options.max_bytes() / options.step_factor()) sizes.push_back(sizes.back() * options.step_factor());
+  return sizes;
+}
+
+int64_t collectives_bench_bytes(const CollectivesBenchOptions& options, int64_t ranks) {
+  TORCH_CHECK_VALUE(ranks >= 1, "collectives bench: ", ranks, " ranks; give at least 1");
+  const int64_t bytes = collective_sizes(options).back();
+  const int64_t numel = std::max<int64_t>(1, bytes / 4), part = std::max<int64_t>(1, numel / ranks);
+  // all_reduce, broadcast: one rotation of numel; reduce_scatter, all_gather: one of part x N and
+  // one of part (make_call).
+  const int64_t elements = std::max(numel, saturating_mul(part, ranks + 1));
+  return saturating_mul(saturating_mul(elements, rotation_slots(bytes, options.warm_cache())), 4);
+}
 
 void CollectivesBenchOptions::validate() const {
   TORCH_CHECK_VALUE(min_bytes() >= 4, "collectives bench: min_bytes ", min_bytes(), " is under one fp32 (4 bytes)");
@@ -94,6 +152,7 @@ void CollectivesBenchOptions::validate() const {
 std::vector<CollectiveTiming> run_collectives_bench(dist::ProcessGroup& world, const CollectivesBenchOptions& options,
                                                     const std::function<void(const std::string&)>& progress) {
   options.validate();
+  check_memory(world, options);
   std::vector<int64_t> everyone(static_cast<size_t>(world.size()));
   for (int64_t r = 0; r < world.size(); ++r) everyone[r] = r;
   // One group per all-reduce algorithm the topology allows; the flat one serves the others.
@@ -104,7 +163,7 @@ std::vector<CollectiveTiming> run_collectives_bench(dist::ProcessGroup& world, c
     groups.emplace_back("hierarchical", std::move(hierarchical));
 
   std::vector<CollectiveTiming> rows;
-  for (int64_t bytes = options.min_bytes(); bytes <= options.max_bytes(); bytes *= options.step_factor()) {
+  for (int64_t bytes : collective_sizes(options)) {
     for (const std::string collective : {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}) {
       for (auto& [algorithm, group] : groups) {
         if (algorithm != "flat" && collective != "all_reduce") continue;

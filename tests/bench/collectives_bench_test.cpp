@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <limits>
 #include <sstream>
 
 #include "../dist/multi_rank.h"
@@ -46,6 +48,55 @@ TEST(CollectivesBench, EverySizeAndCollectiveWithNcclTestsBandwidthsAndTheSameRo
   EXPECT_THAT(svg, HasSubstr("data-series=\"all_reduce (flat)\""));
   EXPECT_THAT(svg, HasSubstr("data-x=\"16\""));  // log2(64 KiB)
   EXPECT_THROW(CollectivesBenchOptions().step_factor(1).validate(), c10::ValueError);
+}
+
+// Sizes grow only while the product stays at most max_bytes (before: 2^62 x 4 wrapped around);
+// the buffers a rank makes for the largest size follow make_call's rotations.
+TEST(CollectivesBench, SizesStopBeforeTheirProductOverflowsAndTheirBuffersAreCounted) {
+  const int64_t most = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(collective_sizes(CollectivesBenchOptions().min_bytes(int64_t{1} << 62).max_bytes(most)),
+            std::vector<int64_t>{int64_t{1} << 62});
+  EXPECT_EQ(collective_sizes(CollectivesBenchOptions().min_bytes(1024).max_bytes(65536).step_factor(8)),
+            (std::vector<int64_t>{1024, 8192, 65536}));
+  // 64 KiB on 3 ranks, one buffer: reduce_scatter's input of 5461 x 3 floats and its output of 5461.
+  EXPECT_EQ(collectives_bench_bytes(CollectivesBenchOptions().max_bytes(65536).warm_cache(true), 3), 5461 * 4 * 4);
+  // 2^63 - 1 bytes: reduce_scatter's 1.5 x that on 2 ranks passes int64, counted as its largest value.
+  EXPECT_EQ(collectives_bench_bytes(CollectivesBenchOptions().min_bytes(most).max_bytes(most), 2), most);
+}
+
+// Issue 54 item 15: a size beyond memory is refused on every rank before any buffer is made,
+// naming the size, the memory a rank may use and the largest size that fits. Before: LibTorch's
+// raw allocation failure (a c10::Error, not a ValueError) from the first buffer.
+TEST(CollectivesBench, SizesBeyondMemoryAreRefusedOnEveryRankBeforeAnyBuffer) {
+  std::vector<std::string> alone(2), fits(2);
+  const auto start = std::chrono::steady_clock::now();
+  testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
+    try {
+      run_collectives_bench(group, CollectivesBenchOptions().min_bytes(int64_t{1} << 50).max_bytes(int64_t{1} << 50));
+    } catch (const c10::ValueError& e) {
+      alone[rank] = e.what_without_backtrace();
+    }
+  });
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_THAT(alone[rank], HasSubstr("collectives bench: messages up to max_bytes 1125899906842624 (1073741824 MiB) "
+                                       "need 1610612736.0 MiB of buffers on each of the 2 ranks, more than the "));
+    EXPECT_THAT(alone[rank], HasSubstr("not even min_bytes 1125899906842624 fits"));
+  }
+  ASSERT_FALSE(alone[0].empty());  // before: the sizes below, allocated one by one up to the memory
+  testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
+    try {
+      run_collectives_bench(group, CollectivesBenchOptions().max_bytes(int64_t{1} << 50));
+    } catch (const c10::ValueError& e) {
+      fits[rank] = e.what_without_backtrace();
+    }
+  });
+  EXPECT_THAT(fits[0], HasSubstr("; lower max_bytes to "));
+  EXPECT_EQ(fits[0].substr(fits[0].find("; lower")), fits[1].substr(fits[1].find("; lower")));
+  // The rank whose share is the smallest names where it came from; the other points to it.
+  EXPECT_NE(fits[0].find("(see its own error)") == std::string::npos,
+            fits[1].find("(see its own error)") == std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
 }
 
 TEST(CollectivesBench, TheCliRunsUnderALauncherAndRefusesToRunAlone) {

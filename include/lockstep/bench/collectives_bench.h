@@ -35,6 +35,13 @@ namespace lockstep::bench {
 // Every all-reduce algorithm the group's hosts allow is measured (Note [Hierarchical
 // all-reduce]): flat always, hierarchical when every host holds the same number (>= 2) of ranks
 // and there are several hosts.
+// Before the first call, each rank sets the buffers of the largest size (collectives_bench_bytes)
+// against what it may use (train::available_memory, Note [Memory available to a rank], shared by
+// its host's ranks); the smallest share among the ranks decides for all of them, so every rank
+// refuses at once, naming that share, the largest size that fits and the limit's source, where a
+// size past the memory failed in LibTorch's allocator on some ranks while the others waited in a
+// collective. Sizes grow by step_factor only while the product stays at most max_bytes, checked
+// before multiplying, so a max_bytes near 2^63 cannot wrap around.
 struct CollectivesBenchOptions {
   TORCH_ARG(int64_t, min_bytes) = int64_t{1} << 10;
   TORCH_ARG(int64_t, max_bytes) = int64_t{256} << 20;
@@ -60,8 +67,17 @@ struct CollectiveTiming {
   int64_t runs = 1;        // results files this row is the median of (bench/scaling.h)
 };
 
+// The message sizes measured: min_bytes, then times step_factor up to max_bytes. Throws as
+// validate() does.
+std::vector<int64_t> collective_sizes(const CollectivesBenchOptions& options);
+// Bytes of the buffers one of `ranks` ranks allocates for the largest size's calls (the most of
+// the four collectives'; the collectives' own temporaries come on top). INT64_MAX when that many
+// bytes overflow an int64.
+int64_t collectives_bench_bytes(const CollectivesBenchOptions& options, int64_t ranks);
+
 // Collective over `world`: every rank calls it, and every rank gets the same rows. `progress`
-// (rank 0 only; may be empty) receives one line per row as it is measured.
+// (rank 0 only; may be empty) receives one line per row as it is measured. Throws c10::ValueError
+// on every rank when the buffers of the largest size exceed what a rank may use (see the Note).
 std::vector<CollectiveTiming> run_collectives_bench(dist::ProcessGroup& world, const CollectivesBenchOptions& options,
                                                     const std::function<void(const std::string&)>& progress = {});
 
