@@ -1,4 +1,8 @@
 // `lockstep run`: the launcher. Starts PROGRAM once per rank and supervises the group.
+#include <c10/util/Logging.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <memory>
 
 #include "commands.h"
@@ -23,6 +27,9 @@ Command add_run_command(CLI::App& app, const std::optional<std::vector<std::stri
   cmd->add_option("--rdzv-endpoint", o->rdzv_endpoint(),
                   "Elastic: HOST[:PORT],... of launchers of the job (any reachable one lets a node in; default: "
                   "--master-addr, on --master-port + 1)");
+  cmd->add_option("--rdzv-id", o->rdzv_id(),
+                  "The job's id, the same on every node (default: derived from PROGRAM [ARGS...] and the config, "
+                  "so nodes given one command are one job); a node of another id is refused");
   cmd->add_option("--rdzv-last-call", o->rdzv_last_call(),
                   "Elastic: seconds a round waits for more nodes once MIN have arrived");
   cmd->add_option("--master-addr", o->master_addr(), "Address of node 0, reachable from every node");
@@ -53,6 +60,10 @@ Command add_run_command(CLI::App& app, const std::optional<std::vector<std::stri
               if (!o->program().empty()) o->program().push_back("--");
               o->program().insert(o->program().end(), program_tail->begin(), program_tail->end());
             }
+            // c10d logs each failed store connection as a warning with a C++ backtrace; the launcher
+            // reports what failed itself, in one line. TORCH_CPP_LOG_LEVEL, when set, decides.
+            if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr)
+              FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, int{c10::GLOG_ERROR});
             return launch::Launcher(resolve_run_options(*cmd, *o, *sources)).run();
           }};
 }

@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <thread>
 
+#include "lockstep/core/report.h"
+#include "lockstep/core/tcp_store.h"
+
 namespace lockstep::dist {
 namespace {
 
@@ -40,12 +43,6 @@ Endpoint parse_tcp(const std::string& url) {
 
 c10::intrusive_ptr<c10d::Store> tcp_store(const Endpoint& at, int64_t rank, int64_t world,
                                           std::chrono::milliseconds timeout) {
-  c10d::TCPStoreOptions o;
-  o.port = static_cast<std::uint16_t>(at.port);
-  o.isServer = rank == 0;
-  o.numWorkers = static_cast<std::size_t>(world);
-  o.waitWorkers = false;  // we count arrivals ourselves, to say how many came (see rendezvous)
-  o.timeout = timeout;
   // A host that does not resolve would be retried until the timeout and then reported as a master
   // that never answered; it is refused at once, naming it. A temporary failure (EAI_AGAIN) is left
   // to the store's retries.
@@ -57,19 +54,21 @@ c10::intrusive_ptr<c10d::Store> tcp_store(const Endpoint& at, int64_t rank, int6
   TORCH_CHECK_VALUE(resolved != EAI_NONAME && resolved != EAI_FAIL, "rank ", rank, " of ", world,
                     ": the rendezvous host '", at.host, "' does not resolve (", ::gai_strerror(resolved),
                     "); set MASTER_ADDR (or the tcp:// host) to rank 0's host name or address");
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(at.host, o);
-  } catch (const std::exception& e) {
-    const std::string why = e.what();
-    if (rank == 0) {
-      TORCH_CHECK(false, "rank 0 of ", world, ": cannot host the rendezvous on ", at.host, ":",
-                  at.port, " (", why.substr(0, why.find('\n')),
-                  "); the port may be in use: choose another MASTER_PORT or tcp:// port");
+  // See Note [Stores listen where the job is] and Note [Store requests that never end].
+  if (rank == 0) {
+    try {
+      return host_tcp_store(at.host, at.port, timeout);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "rank 0 of ", world, ": cannot host the rendezvous on ", at.host, ":", at.port, " (",
+                  error_text(e), "); choose another MASTER_PORT or tcp:// port");
     }
+  }
+  try {
+    return connect_tcp_store(at.host, at.port, timeout, timeout);
+  } catch (const std::exception& e) {
     TORCH_CHECK(false, "rank ", rank, " of ", world, ": the master at ", at.host, ":", at.port,
-                " never answered within ", seconds(timeout),
-                " s; check that rank 0 is running and that MASTER_ADDR/MASTER_PORT point at it (",
-                why.substr(0, why.find('\n')), ")");
+                " never answered within ", seconds(timeout), " s (", error_text(e),
+                "); check that rank 0 is running and that MASTER_ADDR/MASTER_PORT point at it");
   }
 }
 

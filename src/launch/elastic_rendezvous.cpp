@@ -8,6 +8,8 @@
 #include <sstream>
 #include <thread>
 
+#include "lockstep/core/report.h"
+#include "lockstep/core/tcp_store.h"
 #include "lockstep/launch/endpoints.h"
 
 namespace lockstep::launch {
@@ -27,26 +29,6 @@ std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 std::string key(int64_t round, const std::string& name) { return "elastic/" + std::to_string(round) + "/" + name; }
 double seconds(milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 
-// A launcher's store: this node's own (server), or another's.
-c10d::TCPStoreOptions store_options(int port, bool server) {
-  c10d::TCPStoreOptions o;
-  o.port = static_cast<uint16_t>(port);
-  o.isServer = server;
-  o.waitWorkers = false;
-  o.timeout = kRequestTimeout;
-  return o;
-}
-
-c10::intrusive_ptr<c10d::TCPStore> connect(const std::string& endpoint) {
-  const auto [host, port] = split_endpoint(endpoint);
-  if (!accepts_connections(host, port, kProbe)) return {};
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(host, store_options(port, /*server=*/false));
-  } catch (const std::exception&) {
-    return {};
-  }
-}
-
 // The leader `store`'s owner follows ("" when it follows none yet, or does not answer).
 std::string named_leader(c10d::TCPStore& store) {
   try {
@@ -56,16 +38,15 @@ std::string named_leader(c10d::TCPStore& store) {
   }
 }
 
-// What a member writes about itself when it joins a round: "ID NPROC ARGC".
+// What a member writes about itself when it joins a round: "ID NPROC".
 struct Arrival {
   std::string id;
   int64_t nproc = 0;
-  int64_t argc = 0;
 };
 
 Arrival parse_arrival(const std::string& line) {
   Arrival a;
-  std::istringstream(line) >> a.id >> a.nproc >> a.argc;
+  std::istringstream(line) >> a.id >> a.nproc;
   return a;
 }
 
@@ -81,12 +62,43 @@ ElasticRendezvous::ElasticRendezvous(ElasticRendezvousOptions options) : options
   const std::string address = options_.address().empty() ? route_source_address(first_host, first_port) : options_.address();
   me_ = address + ":" + std::to_string(port);
   try {
-    own_ = c10::make_intrusive<c10d::TCPStore>(address, store_options(port, /*server=*/true));
+    own_ = host_tcp_store(address, port, kRequestTimeout);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "this node (", me_, ") cannot start its rendezvous store on port ", port,
                 ": another program (or another launcher on this host) holds it; each node of an elastic job "
-                "needs its own address or port (c10d: ", e.what(), ")");
+                "needs its own address or port (", error_text(e), ")");
   }
+  own_->set("job", bytes(options_.job().encode()));  // See Note [Nodes agree on the job].
+}
+
+ElasticRendezvous::Store ElasticRendezvous::reach(const std::string& endpoint) {
+  const auto [host, port] = split_endpoint(endpoint);
+  if (unanswered_.count(endpoint) || !accepts_connections(host, port, kProbe)) return {};
+  Store store;
+  std::string record;
+  try {
+    store = connect_tcp_store(host, port, kProbe, std::min(kRequestTimeout, options_.timeout()));
+    if (!store->check({"job"})) return {};  // a launcher that has just started
+    record = text(store->get("job"));
+  } catch (const std::exception&) {
+    unanswered_.insert(endpoint);  // see Note [Store requests that never end]
+    return {};
+  }
+  JobIdentity theirs;
+  try {
+    theirs = JobIdentity::decode(record);
+  } catch (const c10::Error&) {
+    TORCH_CHECK(false, "node ", me_, ": ", endpoint, " answers as a c10d store but holds no job this launcher can "
+                "read (another program, or another version of lockstep); give --rdzv-endpoint launchers of this job");
+  }
+  const JobIdentity& job = options_.job();
+  TORCH_CHECK(!job.other_job(theirs), "node ", me_, " reached ", endpoint, ", a launcher of another job (its --rdzv-id is '",
+              theirs.id(), "', this node's '", job.id(), "'); give --rdzv-endpoint launchers of this job, or the same ",
+              "--rdzv-id to every node of one job");
+  const std::string difference = job.difference(theirs, "node " + me_, "the launcher at " + endpoint);
+  TORCH_CHECK(difference.empty(), "node ", me_, " is not of the job of the launcher it reached: ", difference,
+              " (if these are two jobs, give each its own --rdzv-endpoint)");
+  return store;
 }
 
 ElasticRendezvous::~ElasticRendezvous() = default;
@@ -98,7 +110,7 @@ auto ElasticRendezvous::on_leader(F f) {
     return f(*leader_store_);
   } catch (const std::exception& e) {
     if (leader_ != me_) {
-      lost_ = "the rendezvous leader " + leader_ + " stopped answering (" + e.what() + ")";
+      lost_ = "the rendezvous leader " + leader_ + " stopped answering (" + error_text(e) + ")";
       gone_.insert(leader_);
       leader_store_.reset();
     }
@@ -112,7 +124,7 @@ std::string ElasticRendezvous::lost_leader_message() const {
 
 // Adopts `leader` when it answers and calls itself the leader; false otherwise.
 bool ElasticRendezvous::adopt(const std::string& leader) {
-  Store store = leader == me_ ? own_ : connect(leader);
+  Store store = leader == me_ ? own_ : reach(leader);
   if (!store || (leader != me_ && named_leader(*store) != leader)) return false;
   leader_ = leader;
   leader_store_ = store;
@@ -134,7 +146,7 @@ void ElasticRendezvous::find_leader(Clock::time_point deadline) {
         if (first_alive.empty()) first_alive = me_;
         continue;
       }
-      Store store = connect(c);
+      Store store = reach(c);
       if (!store) continue;
       if (first_alive.empty()) first_alive = c;
       const std::string l = named_leader(*store);
@@ -167,6 +179,9 @@ void ElasticRendezvous::find_leader(Clock::time_point deadline) {
 NodeAssignment ElasticRendezvous::join(int64_t round, int64_t nproc_per_node) {
   const auto deadline = Clock::now() + options_.timeout();
   round = std::max(round, round_ + 1);
+  // The leader is looked for anew: this node may have led members that follow another by now.
+  leader_store_.reset();
+  unanswered_.clear();
   while (true) {
     if (!leader_store_) find_leader(deadline);
     try {
@@ -182,7 +197,7 @@ NodeAssignment ElasticRendezvous::lead(int64_t round, int64_t nproc_per_node, Cl
   c10d::TCPStore& s = *own_;
   if (s.check({"current"})) round = std::max<int64_t>(round, std::stoll(text(s.get("current"))) + 1);
   s.add(key(round, "arrivals"), 1);  // slot 0: nobody else joins before "current" names the round
-  s.set(key(round, "node0"), bytes(c10::str(me_, " ", nproc_per_node, " ", options_.program_argc())));
+  s.set(key(round, "node0"), bytes(c10::str(me_, " ", nproc_per_node)));
   s.set("current", bytes(std::to_string(round)));
   int64_t seen = 1;
   auto changed = Clock::now();
@@ -231,14 +246,10 @@ std::optional<NodeAssignment> ElasticRendezvous::follow(int64_t round, int64_t n
       waiting_in = current;
       continue;
     }
-    const Arrival first = parse_arrival(on_leader([&](c10d::TCPStore& s) { return text(s.get(key(current, "node0"))); }));
-    TORCH_CHECK_VALUE(first.argc == options_.program_argc(), "nodes disagree on the job: node ", me_,
-                      " runs a program of ", options_.program_argc(), " words (PROGRAM and its arguments) but the leader ",
-                      first.id, " one of ", first.argc, "; give every node the same PROGRAM [ARGS...] after --");
     const int64_t slot = on_leader([&](c10d::TCPStore& s) { return s.add(key(current, "arrivals"), 1); }) - 1;
     on_leader([&](c10d::TCPStore& s) {
       s.set(key(current, "node" + std::to_string(slot)),
-            bytes(c10::str(me_, " ", nproc_per_node, " ", options_.program_argc())));
+            bytes(c10::str(me_, " ", nproc_per_node)));
       return 0;
     });
     while (!on_leader([&](c10d::TCPStore& s) { return s.check({key(current, "closed")}); })) {

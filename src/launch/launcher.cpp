@@ -14,12 +14,12 @@
 #include <set>
 #include <sstream>
 
-#include "lockstep/core/network.h"
 #include "lockstep/core/process.h"
 #include "lockstep/launch/elastic_rendezvous.h"
 #include "lockstep/launch/rendezvous.h"
 #include "lockstep/launch/shutdown_signals.h"
 #include "lockstep/launch/worker_group.h"
+#include "stall_watch.h"
 
 extern char** environ;
 
@@ -30,7 +30,6 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kSupervisePoll{50};     // longest a worker failure goes unnoticed
-constexpr milliseconds kPeerCheckEvery{250};   // how often other nodes' outcomes are read
 
 milliseconds to_ms(double seconds) { return milliseconds(static_cast<int64_t>(seconds * 1000.0)); }
 
@@ -89,78 +88,29 @@ std::optional<StoppedWorker> stopped_too_long(const WorkerGroup& group, millisec
   return std::nullopt;
 }
 
-}  // namespace
-
-// Note [Launcher bounds]
-// Every count and duration is checked against a range before anything starts: c10d counts
-// timeouts in whole milliseconds and reads 0 as "wait forever", seconds are turned into int64
-// milliseconds (1e300 would overflow), and every worker's environment is built up front (so a
-// huge --nproc-per-node would exhaust memory before the first fork).
-namespace {
-
-constexpr int64_t kMaxNprocPerNode = 1024;
-constexpr int64_t kMaxNnodes = 65536;
-constexpr int64_t kMaxRestarts = 1000000;
-constexpr double kMinRdzvTimeout = 0.001;      // seconds: 1 ms, c10d's resolution
-constexpr double kMaxDuration = 7 * 24 * 3600;  // seconds: a week, far beyond any sane wait
-constexpr double kMinHeartbeatTimeout = 1.0;    // seconds: four beats
-
-void check_count(const char* flag, int64_t value, int64_t low, int64_t high, const std::string& hint) {
-  TORCH_CHECK_VALUE(value >= low && value <= high, flag, " ", value, " is out of range: it must be in [",
-                    low, ", ", high, "]; ", hint);
-}
-
-void check_seconds(const char* flag, double value, double low, const std::string& hint) {
-  TORCH_CHECK_VALUE(std::isfinite(value) && value >= low && value <= kMaxDuration, flag, " ", value,
-                    " is out of range: it must be a number of seconds in [", low, ", ", kMaxDuration,
-                    "] (up to 7 days); ", hint);
+// Note [A launcher that was stopped]
+// A launcher stopped by SIGSTOP (a debugger, a paused VM, heavy swapping) past --heartbeat-timeout
+// has been declared failed by the other nodes, which went on without it. On waking it must not go
+// on with the round it remembers: its store, or the leader's, still holds that round, and a leader
+// that found every other node silent would form a world of its own beside theirs. A StallWatch
+// (stall_watch.h) notices the gap, which a main thread merely blocked in a request does not make,
+// and the launcher ends the round: an elastic node as a change of membership (it joins
+// again, as a newcomer, the round the others formed; see Note [Elastic rendezvous without a single
+// point of failure]), a node of a fixed job as a failure, as the other nodes took it.
+std::string stalled_launcher(int64_t node, milliseconds gap, const LaunchOptions& options) {
+  const double seconds = std::chrono::duration<double>(gap).count();
+  std::ostringstream text;
+  text << (options.elastic() ? kMembershipChange : "") << "node " << node << "'s launcher did not run for "
+       << std::round(seconds * 10) / 10 << " s (stopped by SIGSTOP or a debugger, or starved), past --heartbeat-timeout "
+       << options.heartbeat_timeout() << " s: the other nodes have taken it for failed"
+       << (options.elastic() ? "; it joins them again as a newcomer" : "");
+  return text.str();
 }
 
 }  // namespace
 
-void LaunchOptions::validate() const {
-  TORCH_CHECK_VALUE(!program_.empty() && !program_[0].empty(),
-                    "no program to run; usage: lockstep run [OPTIONS] -- PROGRAM [ARGS...]");
-  // See Note [Launcher bounds].
-  if (nproc_per_node_ < 1)
-    TORCH_CHECK_VALUE(false, "--nproc-per-node must be at least 1, got ", nproc_per_node_);
-  check_count("--nproc-per-node", nproc_per_node_, 1, kMaxNprocPerNode,
-              "start one worker per device or core (this host has " + std::to_string(available_cores()) +
-                  " cores)");
-  if (nnodes_ < 1) TORCH_CHECK_VALUE(false, "--nnodes must be at least 1, got ", nnodes_);
-  check_count("--nnodes", nnodes_, 1, kMaxNnodes, "give the number of hosts taking part");
-  if (elastic()) {
-    TORCH_CHECK_VALUE(min_nodes_ <= nnodes_, "--nnodes ", min_nodes_, ":", nnodes_,
-                      " has MIN above MAX; give MIN:MAX with 1 <= MIN <= MAX");
-    TORCH_CHECK_VALUE(node_rank_ == 0, "--node-rank ", node_rank_, " was given to an elastic job (--nnodes ",
-                      min_nodes_, ":", nnodes_, "), whose rendezvous numbers the nodes in the order they "
-                      "arrive; drop --node-rank");
-    TORCH_CHECK_VALUE(!standalone_, "--standalone runs a single node, but --nnodes is ", min_nodes_, ":", nnodes_);
-    check_seconds("--rdzv-last-call", rdzv_last_call_, 0.0, "the default is 2");
-  }
-  TORCH_CHECK_VALUE(node_rank_ >= 0 && node_rank_ < nnodes_, "--node-rank ", node_rank_,
-                    " is outside [0, ", nnodes_, ") for --nnodes ", nnodes_,
-                    "; number the nodes 0 to ", nnodes_ - 1);
-  TORCH_CHECK_VALUE(!standalone_ || nnodes_ == 1, "--standalone runs a single node, but --nnodes is ",
-                    nnodes_, "; drop --standalone and give --master-addr and --master-port");
-  TORCH_CHECK_VALUE(!standalone_ || master_port_ == 0, "--standalone picks a free port itself, but --master-port ",
-                    master_port_, " was given; use one or the other");
-  TORCH_CHECK_VALUE(master_port_ >= 0 && master_port_ + kRendezvousPortOffset <= 65535, "--master-port ",
-                    master_port_, " is not usable: the workers use it and the launchers the next port, "
-                    "so it must be in [1, 65534] (or 0 for the default)");
-  TORCH_CHECK_VALUE(!master_addr_.empty(), "--master-addr is empty; give node 0's host name or address");
-  check_seconds("--rdzv-timeout", rdzv_timeout_, kMinRdzvTimeout,
-                "c10d counts whole milliseconds and takes 0 as 'wait forever'; the default is 300");
-  check_count("--max-restarts", max_restarts_, 0, kMaxRestarts, "0 (the default) never restarts");
-  check_seconds("--grace-period", grace_period_, 0.0,
-                "it is how long stopping workers may take before SIGKILL; the default is 5");
-  if (!iface_.empty()) parse_interfaces(iface_, "--iface");
-  check_seconds("--heartbeat-timeout", heartbeat_timeout_, kMinHeartbeatTimeout,
-                "launchers beat every " + std::to_string(kPeerCheckEvery.count()) +
-                    " ms, so allow several beats; the default is 30");
-}
-
-Launcher::Launcher(LaunchOptions options) : options_(std::move(options)) {
+Launcher::Launcher(LaunchOptions options)
+    : options_(std::move(options)), job_(options_.program(), options_.worker_env(), options_.rdzv_id()) {
   options_.validate();
   executable_ = resolve_program(options_.program()[0]);
   TORCH_CHECK_VALUE(!executable_.empty(), "program '", options_.program()[0],
@@ -181,7 +131,7 @@ std::unique_ptr<RendezvousHandler> Launcher::make_rendezvous() const {
                                             .master_addr(options_.master_addr())
                                             .master_port(port)
                                             .timeout(to_ms(options_.rdzv_timeout()))
-                                            .program_argc(static_cast<int64_t>(options_.program().size())));
+                                            .job(job_));
   // Endpoints without a port meet on the workers' port + 1, as Note [Launcher rendezvous port].
   std::vector<std::string> endpoints;
   const std::string list = options_.rdzv_endpoint().empty() ? options_.master_addr() : options_.rdzv_endpoint();
@@ -195,7 +145,7 @@ std::unique_ptr<RendezvousHandler> Launcher::make_rendezvous() const {
                                                  .endpoints(endpoints)
                                                  .timeout(to_ms(options_.rdzv_timeout()))
                                                  .last_call(to_ms(options_.rdzv_last_call()))
-                                                 .program_argc(static_cast<int64_t>(options_.program().size())));
+                                                 .job(job_));
 }
 
 std::vector<std::string> Launcher::worker_env(int64_t local_rank, const NodeAssignment& round, int master_port,
@@ -209,6 +159,7 @@ std::vector<std::string> Launcher::worker_env(int64_t local_rank, const NodeAssi
       {"GROUP_RANK", std::to_string(round.node_rank)},
       {"MASTER_ADDR", round.master_addr.empty() ? options_.master_addr() : round.master_addr},
       {"MASTER_PORT", std::to_string(master_port)},
+      {"TORCHELASTIC_RUN_ID", job_.id()},
       {"LOCKSTEP_RESTART_COUNT", std::to_string(restart)},
   };
   if (!options_.iface().empty()) ours.emplace_back("LOCKSTEP_SOCKET_IFNAME", options_.iface());
@@ -276,8 +227,19 @@ int Launcher::run() {
         stop_workers(group, first);
         outcome = {RoundOutcome::Kind::kFailed, 0, first};
       };
+      StallWatch watch;
       while (true) {
         const std::optional<WorkerExit> failed = group.poll(kSupervisePoll, signals.fd());
+        if (const milliseconds gap = watch.take_longest_gap(); rendezvous->multi_node() && gap >= heartbeat) {
+          // See Note [A launcher that was stopped]: this node's own account, whatever the round's
+          // first failure says.
+          const std::string what = stalled_launcher(assignment.node_rank, gap, options_);
+          rendezvous->report_failure(round, what);
+          say(what + "; stopping " + plural(group.running(), "local worker"));
+          stop_workers(group, what);
+          outcome = {RoundOutcome::Kind::kFailed, 0, what};
+          break;
+        }
         if (const int sig = signals.take()) {
           say("received " + signal_name(sig) + "; forwarding it to " + plural(group.running(), "worker") +
               " (SIGKILL after " + format_seconds(options_.grace_period()) + ")");
@@ -313,6 +275,14 @@ int Launcher::run() {
             for (const std::string& line : tail) text += "\n  " + line;
             say(text);
           }
+          // A rank that ended early while the others still needed it (before their rendezvous or a
+          // collective) is the likelier cause of a later failure than the rank that timed out.
+          for (const WorkerExit& e : group.exited())
+            if (e.ok() && e.at < failed->at)
+              say("rank " + std::to_string(e.rank) + " (local rank " + std::to_string(e.local_rank) +
+                  ") had exited with code 0 " + format_seconds(std::round(std::chrono::duration<double>(failed->at - e.at).count() * 10) / 10) +
+                  " earlier, while the other ranks ran: a rank that ends before the others' rendezvous or last "
+                  "collective leaves them waiting for it until their timeout; look at rank " + std::to_string(e.rank) + " first");
           if (first != what) say("the first failure was on another node: " + first);
           outcome = {RoundOutcome::Kind::kFailed, 0, first};
           break;
@@ -332,7 +302,7 @@ int Launcher::run() {
         }
         if (done && rendezvous->all_done(round)) break;
         if (rendezvous->multi_node() && Clock::now() >= next_peer_check) {
-          next_peer_check = Clock::now() + kPeerCheckEvery;
+          next_peer_check = Clock::now() + kHeartbeatInterval;
           rendezvous->beat(round);  // See Note [Launcher heartbeats].
           if (const std::optional<int64_t> silent = rendezvous->silent_node(round, heartbeat)) {
             fail("node " + std::to_string(*silent) + "'s launcher sent no heartbeat for " +

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "lockstep/core/report.h"
+#include "lockstep/core/tcp_store.h"
 #include "lockstep/launch/unique_fd.h"
 
 namespace lockstep::launch {
@@ -27,6 +29,8 @@ using std::chrono::milliseconds;
 constexpr milliseconds kStoreLeaveTimeout{10000};
 // How often a joining node looks for the others, or for a reason to give up (an abort).
 constexpr milliseconds kJoinPoll{20};
+// The longest one request to node 0's store may take; see Note [Store requests that never end].
+constexpr milliseconds kNodeZeroRequestTimeout{10000};
 
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string to_string(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
@@ -37,27 +41,48 @@ std::string round_key(int64_t round, const std::string& name) {
 
 double as_seconds(milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 
+constexpr const char* kTwoNodesZero =
+    "two launchers were given --node-rank 0 (the other one hosts the rendezvous); give every node its own "
+    "--node-rank";
+
+// Note [Two nodes 0]
+// Two launchers given --node-rank 0 on one host: the second cannot host the store, whose port the
+// first holds, and fails at once; the first would wait for the node it lacks until the rendezvous
+// timeout. So the second, when the port answers as a store of this kind of job, tells the first
+// through round 0's "abort" key and both fail at once. (On two hosts both reach the store at
+// --master-addr, and join() finds node 0 arriving twice.)
+bool tell_node_zero(const RendezvousOptions& options, int port) {
+  try {
+    auto store = connect_tcp_store(options.master_addr(), port, std::chrono::seconds(1), std::chrono::seconds(1));
+    store->wait({round_key(0, "job")}, std::chrono::seconds(2));  // the first joins as soon as it hosts
+    store->compareSet(round_key(0, "abort"), {}, to_bytes(kTwoNodesZero));
+    return true;
+  } catch (const std::exception&) {
+    return false;  // not ours: the port is someone else's
+  }
+}
+
 }  // namespace
 
 Rendezvous::Rendezvous(RendezvousOptions options) : options_(std::move(options)) {
   if (options_.nnodes() == 1) return;
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<uint16_t>(options_.master_port() + kRendezvousPortOffset);
-  store_options.isServer = options_.node_rank() == 0;
-  store_options.waitWorkers = false;  // join() counts nodes itself, to say which are missing
-  // c10d counts the connect timeout in whole seconds and gives up at once below one.
-  store_options.timeout = std::max<milliseconds>(options_.timeout(), std::chrono::seconds(1));
+  const int port = options_.master_port() + kRendezvousPortOffset;
   try {
-    store_ = c10::make_intrusive<c10d::TCPStore>(options_.master_addr(), store_options);
+    store_ = options_.node_rank() == 0
+                 ? host_tcp_store(options_.master_addr(), port, options_.timeout())
+                 : connect_tcp_store(options_.master_addr(), port, options_.timeout(),
+                                     std::min(kNodeZeroRequestTimeout, options_.timeout()));
   } catch (const std::exception& e) {
+    if (options_.node_rank() == 0 && tell_node_zero(options_, port))
+      TORCH_CHECK(false, kTwoNodesZero);
     if (options_.node_rank() == 0)
-      TORCH_CHECK(false, "node 0 cannot host the launchers' rendezvous on port ", store_options.port,
+      TORCH_CHECK(false, "node 0 cannot host the launchers' rendezvous on port ", port,
                   " (--master-port + 1; see the README); pick a --master-port whose next port is free (c10d: ",
-                  e.what(), ")");
-    TORCH_CHECK(false, "rendezvous timed out after ", as_seconds(options_.timeout()), " s: node ",
-                options_.node_rank(), " could not reach node 0's launcher at ", endpoint(),
-                " (0 of ", options_.nnodes(), " nodes seen from here); start node 0 with the same ",
-                "--master-addr/--master-port, or raise --rdzv-timeout (c10d: ", e.what(), ")");
+                  error_text(e), ")");
+    TORCH_CHECK(false, "node ", options_.node_rank(), " could not reach node 0's launcher at ", endpoint(), " (0 of ",
+                options_.nnodes(), " nodes seen from here, --rdzv-timeout ", as_seconds(options_.timeout()),
+                " s): ", error_text(e), "; start node 0 with the same --master-addr/--master-port, or raise ",
+                "--rdzv-timeout");
   }
 }
 
@@ -81,29 +106,17 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
   std::vector<std::string> node_keys;
   for (int64_t n = 0; n < nnodes; ++n) node_keys.push_back(round_key(round, "node" + std::to_string(n)));
 
-  // See Note [Nodes agree on the job]. "NNODES ARGC NODE_RANK" of the first node to join.
-  const int64_t argc = options_.program_argc();
-  const std::string mine = c10::str(nnodes, " ", argc, " ", me);
+  // See Note [Nodes agree on the job]. "NNODES NODE_RANK\n" and the job of the first node to join.
+  const std::string mine = c10::str(nnodes, " ", me, "\n", options_.job().encode());
   store_->add(round_key(round, "connected"), 1);  // before the compareSet: see abort()
   const std::string first = to_string(store_->compareSet(round_key(round, "job"), {}, to_bytes(mine)));
-  if (first != mine) {
-    std::istringstream fields(first);
-    int64_t other_nnodes = -1, other_argc = -1, other_node = -1;
-    fields >> other_nnodes >> other_argc >> other_node;
-    if (other_nnodes != nnodes)
-      abort(round, c10::str("nodes disagree on the job: node ", me, " was started with --nnodes ", nnodes,
-                            " but node ", other_node, " with --nnodes ", other_nnodes,
-                            "; start every node with the same --nnodes (and each with its own --node-rank)"));
-    if (other_argc != argc)
-      abort(round, c10::str("nodes disagree on the job: node ", me, " runs a program of ", argc,
-                            " words (PROGRAM and its arguments) but node ", other_node, " one of ", other_argc,
-                            "; give every node the same PROGRAM [ARGS...] after --, and check the quoting"));
-  }
+  if (first != mine) agree_on_job(round, first);
   store_->set(round_key(round, "nproc" + me), to_bytes(std::to_string(nproc_per_node)));
   const int64_t arrivals = store_->add(node_keys[options_.node_rank()], 1);
-  TORCH_CHECK(arrivals == 1, "node rank ", me, " joined rendezvous round ", round, " ", arrivals,
-              " times: two launchers were given --node-rank ", me,
-              "; give every node its own rank in [0, ", nnodes, ")");
+  if (arrivals != 1)
+    abort(round, c10::str("node rank ", me, " joined rendezvous round ", round, " ", arrivals,
+                          " times: two launchers were given --node-rank ", me, "; give every node its own rank in [0, ",
+                          nnodes, ")"));
   const auto deadline = Clock::now() + options_.timeout();
   while (true) {
     bool all_here = false;
@@ -118,7 +131,7 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
       throw;
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "lost the rendezvous store at ", endpoint(), " while waiting for round ",
-                  round, ": node 0's launcher has gone (", e.what(), ")");
+                  round, ": node 0's launcher has gone (", error_text(e), ")");
     }
     if (all_here) break;
     if (Clock::now() >= deadline) {
@@ -147,12 +160,44 @@ NodeAssignment Rendezvous::join(int64_t round, int64_t nproc_per_node) {
 // Note [Nodes agree on the job]
 // Nodes started with different --nnodes would never meet: each waits for its own count of nodes
 // (node 0 for 2, node 1 for a node 2 that never comes), until the rendezvous timeout, or node 0
-// starts its workers into a group that never forms; nodes whose programs differ in their number of
-// words (a quoting slip on one host) would form a group of mismatched workers. The first node to
-// join records its --nnodes and word count;
-// a node that disagrees writes the reason to the round's "abort" key and fails, and every node
-// waiting in join() reads the key and fails with the same words at once. Node 0 hosts the store,
-// so when it is the one to fail it first waits (briefly) until the others have read the reason.
+// starts its workers into a group that never forms. Nodes whose commands differ (a quoting slip on
+// one host, `--lr 0.02` here and `--lr 0.90` there, another config file) would form one group whose
+// ranks train differently, and a second job pointed at the same endpoint would merge into the
+// first. So the first node to join records its --nnodes and its JobIdentity: the whole command,
+// the variables its config gave the workers, and the job's id (--rdzv-id, else derived from the
+// command). A node that disagrees writes the first difference to the round's "abort" key and
+// fails, and every node waiting in join() reads the key and fails with the same words at once
+// (node 0 hosts the store, so when it is the one to fail it first waits, briefly, until the others
+// have read the reason). A node whose job has another id that was given on purpose is of another
+// job: it is refused alone, and the job it stumbled into goes on. The elastic rendezvous compares
+// the same record with the launcher it reaches and refuses the newcomer, never the running job.
+void Rendezvous::agree_on_job(int64_t round, const std::string& first) {
+  const std::string me = "node " + std::to_string(options_.node_rank());
+  const size_t newline = first.find('\n');
+  std::istringstream fields(first.substr(0, newline));
+  int64_t other_nnodes = -1, other_node = -1;
+  fields >> other_nnodes >> other_node;
+  const std::string them = "node " + std::to_string(other_node);
+  if (other_nnodes != options_.nnodes())
+    abort(round, c10::str("nodes disagree on the job: ", me, " was started with --nnodes ", options_.nnodes(), " but ",
+                          them, " with --nnodes ", other_nnodes,
+                          "; start every node with the same --nnodes (and each with its own --node-rank)"));
+  JobIdentity theirs;
+  try {
+    theirs = JobIdentity::decode(newline == std::string::npos ? "" : first.substr(newline + 1));
+  } catch (const c10::Error&) {
+    TORCH_CHECK(false, "the rendezvous at ", endpoint(), " holds no job this launcher can read: another program, or ",
+                "another version of lockstep, uses the port; pick another --master-port");
+  }
+  const JobIdentity& job = options_.job();
+  TORCH_CHECK(!job.other_job(theirs), "the rendezvous at ", endpoint(), " belongs to another job: its --rdzv-id is '",
+              theirs.id(), "', this node's '", job.id(), "'; give two jobs different --master-port (or "
+              "--master-addr), or give every node of one job the same --rdzv-id");
+  const std::string difference = job.difference(theirs, me, them);
+  if (!difference.empty())
+    abort(round, "nodes disagree on the job: " + difference +
+                     " (if these are two jobs, give each its own --master-port, or each its own --rdzv-id)");
+}
 void Rendezvous::abort(int64_t round, const std::string& why) {
   store_->compareSet(round_key(round, "abort"), {}, to_bytes(why));
   if (options_.node_rank() == 0) {
@@ -186,7 +231,7 @@ std::optional<std::string> Rendezvous::failure(int64_t round) {
     return to_string(store_->get(round_key(round, "failed")));
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
-                ": node 0's launcher has exited or the network failed (", e.what(), ")");
+                ": node 0's launcher has exited or the network failed (", error_text(e), ")");
   }
 }
 
@@ -204,7 +249,7 @@ void Rendezvous::beat(int64_t round) {
     store_->add(round_key(round, "beat" + std::to_string(options_.node_rank())), 1);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
-                ": node 0's launcher has exited or the network failed (", e.what(), ")");
+                ": node 0's launcher has exited or the network failed (", error_text(e), ")");
   }
 }
 
@@ -223,7 +268,7 @@ std::optional<int64_t> Rendezvous::silent_node(int64_t round, milliseconds timeo
       beats = store_->add(round_key(round, "beat" + std::to_string(n)), 0);
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
-                  ": node 0's launcher has exited or the network failed (", e.what(), ")");
+                  ": node 0's launcher has exited or the network failed (", error_text(e), ")");
     }
     const auto i = static_cast<size_t>(n);
     if (beats != last_beat_[i]) {
@@ -247,7 +292,7 @@ bool Rendezvous::all_done(int64_t round) {
     return store_->add(round_key(round, "done"), 0) == options_.nnodes();
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "node ", options_.node_rank(), " lost the rendezvous store at ", endpoint(),
-                ": node 0's launcher has exited or the network failed (", e.what(), ")");
+                ": node 0's launcher has exited or the network failed (", error_text(e), ")");
   }
 }
 

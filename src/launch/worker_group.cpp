@@ -255,6 +255,7 @@ std::optional<WorkerExit> WorkerGroup::reap() {
     e.rank = w.spec.rank;
     e.local_rank = w.spec.local_rank;
     e.pid = w.pid;
+    e.at = std::chrono::steady_clock::now();
     if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
     else e.exit_code = WEXITSTATUS(status);
     w.exit = e;
@@ -302,6 +303,13 @@ size_t WorkerGroup::running() const {
 }
 
 size_t WorkerGroup::size() const { return workers_.size(); }
+
+std::vector<WorkerExit> WorkerGroup::exited() const {
+  std::vector<WorkerExit> out;
+  for (const auto& w : workers_)
+    if (w->exit) out.push_back(*w->exit);
+  return out;
+}
 
 void WorkerGroup::stop(int signal) { stop(signal, grace_period_); }
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <string>
 
@@ -26,6 +27,9 @@ using Reporter = std::function<void(ReportKind kind, const std::string& line)>;
 // Each line to stdout or stderr as ReportKind says, flushed; `program` names the prefix
 // ("lockstep: warning: ...").
 Reporter stdio_reporter(const std::string& program = "lockstep");
+
+// What `e` says, without the C++ backtrace a c10::Error carries: for a message that wraps it.
+std::string error_text(const std::exception& e);
 
 // Sends `line` to `reporter` unless it is empty.
 inline void report(const Reporter& reporter, ReportKind kind, const std::string& line) {

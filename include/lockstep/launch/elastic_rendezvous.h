@@ -33,7 +33,11 @@ namespace lockstep::launch {
 // job (--rdzv-endpoint: a list, like SLURM's node list), is pointed at the leader. At the very first
 // round nobody has led yet: the first endpoint of the list that answers leads, after a short wait
 // in which it looks again for a leader named elsewhere (launchers started within that wait of each
-// other agree). A network partition can give each side its own leader; that is not handled.
+// other agree). A network partition can give each side its own leader; that is not handled. A
+// launcher that was stopped (SIGSTOP, a debugger, a VM paused) past the heartbeat timeout is gone
+// for the others, who have formed a round without it: each join() looks for the leader anew, so a
+// woken leader finds that the members it led now follow another and joins that one as a newcomer;
+// it never leads a second world beside theirs.
 //
 // Rounds are numbered across leaders (a new leader continues after the last round it saw), so the
 // keys of a round never meet those of an earlier one.
@@ -48,8 +52,9 @@ struct ElasticRendezvousOptions {
   TORCH_ARG(std::string, address) = "";
   // The port of this node's own store; 0: the first endpoint's port.
   TORCH_ARG(int, port) = 0;
-  // Words of PROGRAM [ARGS...]: a node whose count differs from the leader's is refused.
-  TORCH_ARG(int64_t, program_argc) = 0;
+  // The job this node belongs to: a node whose job differs from the launcher's it reaches is
+  // refused. See Note [Nodes agree on the job].
+  TORCH_ARG(JobIdentity, job);
   // How long join() waits for MIN nodes, or for a leader to answer.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(300);
   // How long a round stays open for more nodes once MIN have arrived.
@@ -91,6 +96,9 @@ class ElasticRendezvous : public RendezvousHandler {
   // Runs `f` on the leader's store; a store error marks the leader gone and throws LeaderLost.
   template <class F>
   auto on_leader(F f);
+  // The store of the launcher at `endpoint` when it answers and is of this job (null when it does
+  // not answer); throws c10::Error when it belongs to another job.
+  Store reach(const std::string& endpoint);
   void find_leader(std::chrono::steady_clock::time_point deadline);
   bool adopt(const std::string& leader);
   NodeAssignment lead(int64_t round, int64_t nproc_per_node, std::chrono::steady_clock::time_point deadline);
@@ -106,6 +114,7 @@ class ElasticRendezvous : public RendezvousHandler {
   std::string leader_;
   std::string lost_;  // the leader that stopped answering, and why, until a failure() reports it
   std::set<std::string> gone_;  // launchers known to have stopped answering
+  std::set<std::string> unanswered_;  // accepted a connection but never answered, in this join()
   std::vector<std::string> members_;
   int64_t round_ = -1;  // the last round joined
   int64_t slot_ = -1;   // this node's rank in it

@@ -2,6 +2,7 @@
 
 #include <torch/arg.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -12,9 +13,6 @@
 #include "lockstep/launch/rendezvous.h"
 
 namespace lockstep::launch {
-
-// NAME=VALUE pairs for a process's environment.
-using EnvVars = std::vector<std::pair<std::string, std::string>>;
 
 // Everything `lockstep run` can be told; the CLI options carry the same names.
 struct LaunchOptions {
@@ -35,6 +33,9 @@ struct LaunchOptions {
   // One node on this host with a free port; the default when nnodes is 1 and no port is given.
   TORCH_ARG(bool, standalone) = false;
   TORCH_ARG(double, rdzv_timeout) = 300.0;  // seconds to wait for every node to join a round
+  // The job's id (torchrun's --rdzv-id); empty: derived from the program and worker_env, so that
+  // nodes given the same command are one job. See Note [Nodes agree on the job].
+  TORCH_ARG(std::string, rdzv_id) = "";
   // Elastic: HOST:PORT of launchers of the job, comma-separated (empty: master_addr and
   // master_port + 1); each launcher's own rendezvous store listens on that port.
   TORCH_ARG(std::string, rdzv_endpoint) = "";
@@ -64,6 +65,8 @@ struct LaunchOptions {
 };
 
 constexpr int kDefaultMasterPort = 29500;  // PyTorch's
+// How often a launcher of a multi-node job beats and reads the other nodes' outcomes.
+constexpr std::chrono::milliseconds kHeartbeatInterval{250};
 constexpr int kWorkersFailed = 1;          // launcher exit code when the group failed for good
 
 // `lockstep run`: starts nproc_per_node copies of the program on this node, one rank each, and
@@ -71,8 +74,9 @@ constexpr int kWorkersFailed = 1;          // launcher exit code when the group 
 // launcher is told to stop.
 //
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (node rank),
-// MASTER_ADDR, MASTER_PORT, LOCKSTEP_RESTART_COUNT, LOCKSTEP_SOCKET_IFNAME (with iface) and, unless
-// already set, OMP_NUM_THREADS (cores / nproc_per_node, at least 1).
+// MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID (the job's id), LOCKSTEP_RESTART_COUNT,
+// LOCKSTEP_SOCKET_IFNAME (with iface) and, unless already set, OMP_NUM_THREADS (cores /
+// nproc_per_node, at least 1).
 class Launcher {
  public:
   // Validates the options and resolves the program on PATH (c10::ValueError when it is missing).
@@ -92,6 +96,7 @@ class Launcher {
 
   LaunchOptions options_;
   std::string executable_;  // the program, resolved on PATH
+  JobIdentity job_;
 };
 
 }  // namespace lockstep::launch

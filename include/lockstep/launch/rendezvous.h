@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/launch/job_identity.h"
+
 namespace c10d {
 class TCPStore;
 }  // namespace c10d
@@ -28,8 +30,8 @@ struct RendezvousOptions {
   TORCH_ARG(std::string, master_addr) = "127.0.0.1";
   // The workers' MASTER_PORT; the launchers use master_port + kRendezvousPortOffset.
   TORCH_ARG(int, master_port) = 29500;
-  // Words of PROGRAM [ARGS...]; every node must run the same count. See Note [Nodes agree on the job].
-  TORCH_ARG(int64_t, program_argc) = 0;
+  // The job this node belongs to: every node must run the same command. See Note [Nodes agree on the job].
+  TORCH_ARG(JobIdentity, job);
   // How long join() waits for every node, and how long a node waits to reach node 0.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(300);
 };
@@ -82,7 +84,8 @@ class Rendezvous : public RendezvousHandler {
 
   // Blocks until every node has joined `round`, then assigns global ranks in node-rank order.
   // On timeout throws c10::Error saying how many of how many nodes arrived, and which; when nodes
-  // disagree on --nnodes or on the program's word count, every node throws at once naming both.
+  // disagree on --nnodes or on the command, every node throws at once naming the first difference;
+  // a node of another job (another --rdzv-id) is refused alone.
   NodeAssignment join(int64_t round, int64_t nproc_per_node) override;
 
   // Tells every node that `round` failed; the first report of a round is kept. Returns that first
@@ -110,6 +113,9 @@ class Rendezvous : public RendezvousHandler {
   std::string endpoint() const;  // "HOST:PORT" of the launchers' store
   // Fails `round` for every node with `why`, and throws it. See Note [Nodes agree on the job].
   [[noreturn]] void abort(int64_t round, const std::string& why);
+  // Compares this node with `first`, the record of the first node to join; aborts `round` (or
+  // refuses this node alone) when they are not one job. See Note [Nodes agree on the job].
+  void agree_on_job(int64_t round, const std::string& first);
 
   RendezvousOptions options_;
   c10::intrusive_ptr<c10d::TCPStore> store_;

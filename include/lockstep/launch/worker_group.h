@@ -27,6 +27,7 @@ struct WorkerExit {
   pid_t pid = 0;
   int exit_code = 0;  // meaningful when signal == 0
   int signal = 0;     // the signal that killed it; 0 when it exited by itself
+  std::chrono::steady_clock::time_point at;  // when the launcher reaped it
 
   bool ok() const { return signal == 0 && exit_code == 0; }
   // "exited with code 3" or "was killed by SIGSEGV".
@@ -81,6 +82,9 @@ class WorkerGroup {
   void stop(int signal);
   // The same with another grace period.
   void stop(int signal, std::chrono::milliseconds grace_period);
+
+  // The workers that have exited, in local-rank order.
+  std::vector<WorkerExit> exited() const;
 
   // The workers stopped by a signal as of the last poll.
   std::vector<StoppedWorker> stopped() const;
