@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -30,7 +31,11 @@ std::string holder_of(int fd) {
 
 }  // namespace
 
-DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
+DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) : dir_(dir), what_(what) { take(); }
+
+void DirectoryLock::take() {
+  const std::string& dir = dir_;
+  const std::string& what = what_;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   const std::string path = (std::filesystem::path(dir) / ".lock").string();
@@ -49,19 +54,45 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
   const std::string holder = "pid " + std::to_string(::getpid()) + " on " + host_name() + "\n";
   // Best effort: without the note the lock still holds; only another run's error lacks the pid.
   if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, holder.data(), holder.size(), 0);
+  struct stat st {};
+  ::fstat(fd, &st);
+  device_ = st.st_dev;
+  inode_ = st.st_ino;
   fd_ = fd;
+}
+
+// See Note [A lock that survives its directory].
+bool DirectoryLock::intact() const {
+  struct stat st {};
+  return fd_ >= 0 && ::stat((std::filesystem::path(dir_) / ".lock").c_str(), &st) == 0 && st.st_dev == device_ &&
+         st.st_ino == inode_;
+}
+
+void DirectoryLock::retake() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  take();
 }
 
 DirectoryLock::~DirectoryLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
 }
 
-DirectoryLock::DirectoryLock(DirectoryLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+DirectoryLock::DirectoryLock(DirectoryLock&& other) noexcept
+    : dir_(std::move(other.dir_)),
+      what_(std::move(other.what_)),
+      fd_(std::exchange(other.fd_, -1)),
+      device_(other.device_),
+      inode_(other.inode_) {}
 
 DirectoryLock& DirectoryLock::operator=(DirectoryLock&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
+    dir_ = std::move(other.dir_);
+    what_ = std::move(other.what_);
     fd_ = std::exchange(other.fd_, -1);
+    device_ = other.device_;
+    inode_ = other.inode_;
   }
   return *this;
 }

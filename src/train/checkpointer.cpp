@@ -8,6 +8,7 @@
 #include <functional>
 #include <random>
 
+#include "lockstep/core/report.h"
 #include "lockstep/train/sharded_checkpoint.h"
 
 namespace lockstep::train {
@@ -19,11 +20,6 @@ int64_t random_save_id() {
   std::random_device device;
   const uint64_t bits = (static_cast<uint64_t>(device()) << 32) | device();
   return static_cast<int64_t>(bits >> 1) | 1;
-}
-
-std::string error_text(const std::exception& e) {
-  auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  return c10_error ? c10_error->what_without_backtrace() : e.what();
 }
 
 }  // namespace
@@ -241,6 +237,23 @@ void Checkpointer::check_same_position_on_all_ranks(const TrainingPosition& posi
               ": every rank must see the same checkpoint directory (a shared filesystem across nodes)");
 }
 
+// See Note [A lock that survives its directory].
+bool Checkpointer::directory_still_ours(int64_t step) {
+  if (!lock_lost_.empty()) return false;
+  if (lock_.intact()) return true;
+  try {
+    lock_.retake();
+    say(ReportKind::kWarning, "--checkpoint-dir '", options_.dir(), "' was removed or replaced while this run held it; ",
+        "it is made again and locked again, and checkpoints go on there from step ", step);
+    return true;
+  } catch (const std::exception& e) {
+    lock_lost_ = error_text(e);
+    say(ReportKind::kError, "checkpoint at step ", step, " not saved, and no more will be: --checkpoint-dir '",
+        options_.dir(), "' was removed while this run held it, and ", lock_lost_);
+    return false;
+  }
+}
+
 std::pair<int64_t, int64_t> Checkpointer::range_over_ranks(int64_t value) const {
   torch::Tensor both = torch::tensor({value, -value}, torch::kInt64);
   group_->all_reduce(both, dist::ReduceOp::kMax);
@@ -254,7 +267,7 @@ void Checkpointer::save(const TrainingPosition& at, parallel::Strategy& strategy
   // Collective: a strategy whose state is spread over ranks gathers it to rank 0 here.
   c10::Dict<std::string, torch::Tensor> model = strategy.model_state_dict();
   const c10::impl::GenericDict state = strategy.training_state_dict();
-  if (rank_ == 0) {
+  if (rank_ == 0 && directory_still_ours(at.step)) {
     Checkpoint c;
     c.position = at;
     c.run = run_;
@@ -302,14 +315,20 @@ void Checkpointer::save_sharded(const TrainingPosition& at, parallel::Strategy& 
       error = error_text(e);
     }
   };
-  if (rank_ == 0) attempt([&] {
+  const bool ours = rank_ != 0 || directory_still_ours(at.step);
+  if (rank_ == 0 && ours) attempt([&] {
     fs::create_directories(dir);
     fs::remove(fs::path(dir) / kShardedMetadataFile);  // a stale commit must not complete the new files
   });
-  // Rank 0 draws the save's id; receiving it, every rank knows the directory is there, without metadata.
-  torch::Tensor id = torch::tensor({rank_ == 0 ? random_save_id() : int64_t{0}}, torch::kInt64);
+  // Rank 0 draws the save's id; receiving it, every rank knows the directory is there, without
+  // metadata. Id 0: the directory is no longer this run's, and nobody writes.
+  torch::Tensor id = torch::tensor({rank_ == 0 && ours ? random_save_id() : int64_t{0}}, torch::kInt64);
   if (group_) group_->broadcast(id, 0);
   c.sharded->save_id = id.item<int64_t>();
+  if (c.sharded->save_id == 0) {
+    if (group_) group_->barrier();
+    return;
+  }
   if (error.empty()) attempt([&] {
     fs::create_directories(dir);  // another node's view of the shared directory
     save_rank_file(*state, at::detail::getDefaultCPUGenerator().get_state(), dir, c.sharded->save_id);

@@ -132,6 +132,50 @@ TEST(Checkpointer, ASecondRunOnTheDirectoryIsRefusedNamingTheFirstRunsPid) {
   EXPECT_NO_THROW(Checkpointer(CheckpointerOptions().dir(dir.path()), run_of("mlp"), nullptr));  // released
 }
 
+// Issue 54 item 6: `rm -rf` of the directory mid-run; the run re-created it without its lock, and a
+// second `--resume latest` run was accepted beside it: both wrote. See Note [A lock that survives
+// its directory].
+TEST(Checkpointer, ADirectoryRemovedMidRunIsLockedAgainOrNoLongerWritten) {
+  testing::TempDir root;
+  const std::string dir = root / "ckpt";
+  std::vector<std::string> said;
+  Checkpointer run(CheckpointerOptions().dir(dir).save_every(1).reporter(
+                       [&](ReportKind, const std::string& line) { said.push_back(line); }),
+                   run_of("mlp"), nullptr);
+  const std::unique_ptr<parallel::Strategy> strategy = adam_strategy(1);
+  TrainingPosition at;
+  at.step = 1;
+  run.save(at, *strategy);
+  ASSERT_TRUE(std::filesystem::exists(checkpoint_path(dir, 1)));
+
+  // Removed: the next save makes the directory again and holds its new lock.
+  std::filesystem::remove_all(dir);
+  at.step = 2;
+  run.save(at, *strategy);
+  EXPECT_TRUE(std::filesystem::exists(checkpoint_path(dir, 2)));
+  ASSERT_FALSE(said.empty());
+  EXPECT_THAT(said.back(), HasSubstr("was removed or replaced while this run held it; it is made again and locked "
+                                     "again, and checkpoints go on there from step 2"));
+  EXPECT_THAT(testing::error_message([&] { Checkpointer(CheckpointerOptions().dir(dir).resume("latest"), run_of("mlp"), nullptr); }),
+              HasSubstr("is in use by another run"));
+
+  // Removed, and another run took the new directory first: this run writes there no more.
+  std::filesystem::remove_all(dir);
+  DirectoryLock other(dir, "--checkpoint-dir");
+  said.clear();
+  for (int64_t step : {3, 4}) {
+    at.step = step;
+    run.save(at, *strategy);
+  }
+  ASSERT_EQ(said.size(), 1u) << "said once, not at every save";
+  EXPECT_THAT(said[0], HasSubstr("checkpoint at step 3 not saved, and no more will be: --checkpoint-dir '" + dir +
+                                 "' was removed while this run held it, and --checkpoint-dir '" + dir +
+                                 "' is in use by another run (pid "));
+  EXPECT_FALSE(latest_checkpoint(dir).has_value());
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator()), 1)
+      << "only the other run's .lock";
+}
+
 // Without --resume, a directory that already holds checkpoints would get two runs' files mixed.
 TEST(Checkpointer, StartingAfreshInADirectoryWithCheckpointsIsRefused) {
   testing::TempDir dir;

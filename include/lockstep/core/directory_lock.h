@@ -1,5 +1,7 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 
 namespace lockstep {
@@ -21,8 +23,28 @@ class DirectoryLock {
 
   bool held() const { return fd_ >= 0; }
 
+  // Note [A lock that survives its directory]
+  // The lock is on DIR/.lock, the file this object opened. When the directory is removed mid-run
+  // (`rm -rf`) or replaced, the lock guards a file nobody can reach: a second run on a new DIR
+  // makes a new .lock and is let in, and both write. So a holder asks before each write whether
+  // DIR/.lock is still its file (same device and inode), and when it is not, takes the lock
+  // again on a new DIR/.lock: atomically, since flock lets one of two racing runs have it. If
+  // another run got there first, it stops writing there.
+
+  // Whether DIR/.lock is still the file this lock holds.
+  bool intact() const;
+  // Makes DIR again if needed and locks a new DIR/.lock; throws as the constructor does when
+  // another run holds it now, and then holds nothing.
+  void retake();
+
  private:
+  void take();
+
+  std::string dir_;
+  std::string what_;
   int fd_ = -1;
+  dev_t device_ = 0;
+  ino_t inode_ = 0;
 };
 
 }  // namespace lockstep

@@ -101,7 +101,12 @@ class Checkpointer {
   dist::ProcessGroup* group_;
   int64_t rank_;
   std::string resumed_from_;
+  // Rank 0: whether the directory is still this run's to write, retaking the lock when it was
+  // removed; says why not, once. See Note [A lock that survives its directory].
+  bool directory_still_ours(int64_t step);
+
   DirectoryLock lock_;  // rank 0's, on options_.dir()
+  std::string lock_lost_;  // why saving stopped; empty while it goes on
 };
 
 }  // namespace lockstep::train
