@@ -9,32 +9,32 @@ namespace lockstep::launch {
 LinePrefixer::LinePrefixer(std::string prefix, int out_fd, size_t tail_lines)
     : prefix_(std::move(prefix)), out_fd_(out_fd), tail_lines_(tail_lines) {}
 
+// See Note [Long worker lines].
 void LinePrefixer::feed(std::string_view bytes) {
   while (!bytes.empty()) {
     const size_t newline = bytes.find('\n');
-    if (newline == std::string_view::npos) {
-      partial_.append(bytes);
-      while (partial_.size() >= kMaxLineBytes) {
-        emit(std::string_view(partial_).substr(0, kMaxLineBytes));
-        partial_.erase(0, kMaxLineBytes);
+    const std::string_view piece = bytes.substr(0, newline);
+    if (!cutting_) {
+      const size_t room = kMaxLineBytes - partial_.size();
+      partial_.append(piece.substr(0, room));
+      if (piece.size() > room) {
+        emit(partial_ + kCutMark);
+        partial_.clear();
+        cutting_ = true;
       }
-      return;
     }
-    if (partial_.empty()) {
-      emit(bytes.substr(0, newline));
-    } else {
-      partial_.append(bytes.substr(0, newline));
-      emit(partial_);
-      partial_.clear();
-    }
+    if (newline == std::string_view::npos) return;
+    if (!cutting_) emit(partial_);
+    partial_.clear();
+    cutting_ = false;
     bytes.remove_prefix(newline + 1);
   }
 }
 
 void LinePrefixer::finish() {
-  if (partial_.empty()) return;
-  emit(partial_);
+  if (!cutting_ && !partial_.empty()) emit(partial_);
   partial_.clear();
+  cutting_ = false;
 }
 
 void LinePrefixer::emit(std::string_view line) {

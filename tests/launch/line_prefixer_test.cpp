@@ -40,12 +40,27 @@ TEST(LinePrefixer, JoinsPiecesIntoWholePrefixedLines) {
   EXPECT_EQ(out.text(), "[rank 2] hello\n[rank 2] world\n[rank 2] \n[rank 2] last\n");
 }
 
-TEST(LinePrefixer, CutsOverlongLinesSoMemoryStaysBounded) {
+// Issue 54 item 11: a 100 MB line came out as 1527 lines of 64 KiB, each looking whole.
+TEST(LinePrefixer, AnOverlongLineIsCutOnceMarkedAndTheRestOfItDropped) {
   Capture out;
   LinePrefixer lines("> ", out.fd());
-  lines.feed(std::string(kMaxLineBytes + 10, 'x'));
+  const std::string head(kMaxLineBytes, 'x');
+  lines.feed(head.substr(0, 1000));
+  lines.feed(head.substr(1000) + std::string(3 * kMaxLineBytes, 'y'));  // no newline yet
+  lines.feed(std::string(10, 'z') + "\nnext\n");
+  lines.feed(std::string(kMaxLineBytes + 1, 'w'));
   lines.finish();
-  EXPECT_EQ(out.text(), "> " + std::string(kMaxLineBytes, 'x') + "\n> " + std::string(10, 'x') + "\n");
+  EXPECT_EQ(out.text(), "> " + head + kCutMark + "\n> next\n> " + std::string(kMaxLineBytes, 'w') + kCutMark + "\n");
+}
+
+TEST(LinePrefixer, ALineOfExactlyTheBoundIsWhole) {
+  Capture out;
+  LinePrefixer lines("> ", out.fd());
+  lines.feed(std::string(kMaxLineBytes, 'x'));
+  lines.feed("\n");
+  lines.feed(std::string(kMaxLineBytes, 'y'));
+  lines.finish();
+  EXPECT_EQ(out.text(), "> " + std::string(kMaxLineBytes, 'x') + "\n> " + std::string(kMaxLineBytes, 'y') + "\n");
 }
 
 TEST(LinePrefixer, KeepsTheLastLinesWithoutPrefix) {

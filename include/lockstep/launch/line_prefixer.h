@@ -7,9 +7,13 @@
 
 namespace lockstep::launch {
 
-// Lines longer than this (in bytes) are cut into pieces, so a worker that never prints a newline
-// cannot make the launcher buffer without bound.
-constexpr size_t kMaxLineBytes = 64 * 1024;
+// Note [Long worker lines]
+// The launcher holds a worker's line until its newline, to write it whole. A line longer than
+// kMaxLineBytes (1 MiB: a long JSON summary fits) is written up to there, ended by kCutMark, and the
+// rest of it, up to its newline, is dropped: memory stays bounded by a worker that never prints a
+// newline, and a reader can tell a cut line from a whole one (--log-dir files keep every byte).
+constexpr size_t kMaxLineBytes = 1024 * 1024;
+constexpr const char* kCutMark = " [... line cut at 1048576 bytes; the rest of it is dropped]";
 
 // Splits one worker stream (stdout or stderr) into lines and writes each line to `out_fd` as
 // "PREFIX line\n" with a single write(2), so lines from different workers never mix mid-line.
@@ -31,6 +35,7 @@ class LinePrefixer {
   int out_fd_;
   size_t tail_lines_;
   std::string partial_;  // bytes after the last newline seen
+  bool cutting_ = false;  // dropping the rest of a cut line, up to its newline
   std::deque<std::string> tail_;
 };
 
