@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
 
   try {
     const WorldInfo world = world_from_env();
-    std::unique_ptr<dist::ProcessGroup> group;  // under a launcher: every rank joins
+    std::shared_ptr<dist::ProcessGroup> group;  // under a launcher: every rank joins
     if (world.world_size > 1) group = dist::init_process_group();
     const parallel::StrategyKind kind = parallel::parse_strategy(strategy_name);
     // A pipeline's stages (one per rank) read the same batch: one replica; otherwise every rank is one.
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
             .strategy_options(
                 parallel::StrategyOptions()
                     .optimizer([sgd](std::vector<torch::Tensor> p) { return optim::make_optimizer(std::move(p), sgd); })
-                    .group(group.get())
+                    .group(group)
                     .model_factory([make] { return torch::nn::AnyModule(make()); }))  // dp's replicas
             .batch_size(global_batch / replicas)  // per replica
             .seed(seed)

@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
 
   try {
     const WorldInfo world = world_from_env();
-    std::unique_ptr<dist::ProcessGroup> group;
+    std::shared_ptr<dist::ProcessGroup> group;
     if (world.world_size > 1) group = dist::init_process_group();
 
     torch::manual_seed(0);
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
             .strategy_options(
                 parallel::StrategyOptions()
                     .optimizer([sgd](std::vector<torch::Tensor> p) { return optim::make_optimizer(std::move(p), sgd); })
-                    .group(group.get())
+                    .group(group)
                     .pipeline(parallel::PipelineOptions()  // stages: one per rank, or one per --split entry
                                   .micro_batches(strategy_name == "pipeline" ? micro_batches : 1)
                                   .schedule(enum_from_name<parallel::PipelineSchedule>(

@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
 
   try {
     const WorldInfo world = world_from_env();
-    std::unique_ptr<dist::ProcessGroup> group;  // under a launcher: every rank joins
+    std::shared_ptr<dist::ProcessGroup> group;  // under a launcher: every rank joins
     if (world.world_size > 1) group = dist::init_process_group();
     const optim::OptimizerOptions sgd = optim::OptimizerOptions(optim::OptimizerKind::kSGD, lr).momentum(0.9);
     auto options =
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
             .strategy_options(
                 parallel::StrategyOptions()
                     .optimizer([sgd](std::vector<torch::Tensor> p) { return optim::make_optimizer(std::move(p), sgd); })
-                    .group(group.get())
+                    .group(group)
                     .model_factory([model_file] { return torch::nn::AnyModule(models::TorchScriptModule(model_file)); }))
             .batch_size(batch)
             .epochs(epochs);

@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
 
   try {
     const WorldInfo world = world_from_env();
-    std::unique_ptr<dist::ProcessGroup> group;
+    std::shared_ptr<dist::ProcessGroup> group;
     if (world.world_size > 1) group = dist::init_process_group();
 
     torch::manual_seed(seed);
@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
             .strategy_options(
                 parallel::StrategyOptions()
                     .optimizer([adam](std::vector<torch::Tensor> p) { return optim::make_optimizer(std::move(p), adam); })
-                    .group(group.get()))
+                    .group(group))
             .checkpoint(train::CheckpointerOptions()
                             .dir(checkpoint_dir)
                             .format(train::CheckpointFormat::kSharded)

@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
 
   try {
     const WorldInfo world = world_from_env();
-    std::unique_ptr<dist::ProcessGroup> group;
+    std::shared_ptr<dist::ProcessGroup> group;
     if (world.world_size > 1) group = dist::init_process_group();
     TORCH_CHECK_VALUE(global_batch % world.world_size == 0, "rank ", world.rank, ": --global-batch ", global_batch,
                       " does not split over ", world.world_size, " ranks; pass a multiple of ", world.world_size);
@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     const auto sgd = optim::OptimizerOptions(optim::OptimizerKind::kSGD, 0.05).momentum(0.9);
     auto strategy = parallel::StrategyOptions()
                         .optimizer([sgd](std::vector<torch::Tensor> p) { return optim::make_optimizer(std::move(p), sgd); })
-                        .group(group.get());
+                        .group(group);
     if (precision == "bf16")
       strategy.opt_level(amp::OptLevel::kO1).half_dtype(torch::kBFloat16).loss_scale(amp::GradScalerOptions().enabled(false));
     auto options = train::TrainerOptions()  // strategy unset: ddp on several ranks, local on one

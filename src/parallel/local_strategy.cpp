@@ -9,13 +9,13 @@
 namespace lockstep::parallel {
 
 LocalStrategy::LocalStrategy(torch::nn::AnyModule model, StrategyOptions options)
-    : model_(std::move(model)), module_(model_.ptr()), options_(std::move(options)), guard_(options_.group()) {
+    : model_(std::move(model)), module_(model_.ptr()), options_(std::move(options)), guard_(options_.group().get()) {
   check_strategy_options(options_);
   if (options_.profiler() == nullptr)
     disabled_profiler_ = std::make_unique<StepProfiler>(StepProfilerOptions().enabled(false));
   profiler_ = options_.profiler() ? options_.profiler() : disabled_profiler_.get();
   optimizer_ = options_.optimizer()(module_->parameters());
-  amp::AmpOptions a = amp::AmpOptions().dtype(options_.half_dtype()).group(options_.group());
+  amp::AmpOptions a = amp::AmpOptions().dtype(options_.half_dtype()).group(options_.group().get());
   if (options_.loss_scale()) a.loss_scale(*options_.loss_scale());
   amp_ = std::make_unique<amp::Amp>(amp::initialize(*module_, *optimizer_, options_.opt_level(), a));
 }

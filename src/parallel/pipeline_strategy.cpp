@@ -74,7 +74,7 @@ struct PipelineStrategy::InFlight {
 };
 
 PipelineStrategy::PipelineStrategy(torch::nn::AnyModule model, StrategyOptions options)
-    : options_(std::move(options)), group_(options_.group()) {
+    : options_(std::move(options)), group_(options_.group().get()) {
   if (options_.profiler() == nullptr)
     disabled_profiler_ = std::make_unique<StepProfiler>(StepProfilerOptions().enabled(false));
   profiler_ = options_.profiler() ? options_.profiler() : disabled_profiler_.get();

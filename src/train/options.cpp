@@ -280,7 +280,7 @@ models::NormLayer TrainOptions::norm_layer(dist::ProcessGroup* group) const {
   return parallel::sync_batch_norm_layer(*group);
 }
 
-parallel::StrategyOptions TrainOptions::strategy_options(dist::ProcessGroup* group) const {
+parallel::StrategyOptions TrainOptions::strategy_options(std::shared_ptr<dist::ProcessGroup> group) const {
   const optim::OptimizerOptions optimizer = optimizer_options();
   parallel::StrategyOptions s = trainer().strategy_options();
   s.optimizer([optimizer](std::vector<torch::Tensor> params) { return optim::make_optimizer(std::move(params), optimizer); })

@@ -20,10 +20,8 @@ std::string TrainResult::summary_json() const {
   j["samples_per_s"] = round_to(samples_per_s, 1);
   j["train_s"] = round_to(train_s, 3);
   j["test_acc"] = round_to(test_acc, 4);
-  if (!std::isnan(perplexity)) {
-    j["test_loss"] = round_to(test_loss, 6);
-    j["perplexity"] = round_to(perplexity, 3);
-  }
+  if (!std::isnan(test_loss)) j["test_loss"] = round_to(test_loss, 6);  // a language model's, or Metric::kNone's
+  if (!std::isnan(perplexity)) j["perplexity"] = round_to(perplexity, 3);
   j["final_loss"] = round_to(final_loss, 6);
   j["peak_rss_mib"] = round_to(peak_rss_mib, 1);
   j["param_bytes"] = param_bytes;

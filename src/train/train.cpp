@@ -77,7 +77,7 @@ TrainResult train(const TrainOptions& given) {
     if (CachingCpuAllocator* caching = CachingCpuAllocator::installed()) caching->release_cached();
   }
   // After the check: a refused run does not wait for its peers to meet (Note [Refusing fast]).
-  std::unique_ptr<dist::ProcessGroup> group;
+  std::shared_ptr<dist::ProcessGroup> group;  // shared with the strategy (Note [Who keeps the process group alive])
   if (world.world_size > 1)
     group = dist::init_process_group(
         dist::InitOptions()
@@ -100,7 +100,7 @@ TrainResult train(const TrainOptions& given) {
 
   // The weights are final before the strategy converts, broadcasts or shards them.
   auto model = data.make_model(group.get(), /*initial_weights=*/true);
-  auto strategy_options = o.strategy_options(group.get());
+  auto strategy_options = o.strategy_options(group);
   strategy_options.model_factory([make = data.make_model, g = group.get()] {
     return torch::nn::AnyModule(make(g, /*initial_weights=*/false));
   });

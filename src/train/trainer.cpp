@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -14,6 +15,7 @@
 #include "lockstep/models/state_dict.h"
 #include "lockstep/parallel/checkpoint.h"
 #include "lockstep/parallel/sync_batch_norm.h"
+#include "class_labels.h"
 #include "run_report.h"
 
 namespace lockstep::train {
@@ -39,7 +41,7 @@ class Trainer::Loop {
  public:
   Loop(torch::nn::AnyModule model, std::shared_ptr<TrainingData> train_data, TrainerOptions options,
        std::shared_ptr<TrainingData> eval_data)
-      : o_(std::move(options)), group_(o_.strategy_options().group()), rank_(group_ ? group_->rank() : 0),
+      : o_(std::move(options)), group_(o_.strategy_options().group().get()), rank_(group_ ? group_->rank() : 0),
         leader_(rank_ == 0), data_(std::move(train_data)), eval_data_(std::move(eval_data)),
         profiler_(StepProfilerOptions().enabled(o_.profile() || !o_.trace().empty())) {
     o_.validate();
@@ -185,7 +187,7 @@ class Trainer::Loop {
       // Groups of k micro-batches start at multiples of k, so a resumed epoch steps where the
       // original did.
       const int64_t begin = pos_.micro_batch, end = std::min(begin + k, micro_batches);
-      const double loss = step(end - begin);
+      const double loss = step(batches, begin, end);
       pos_.micro_batch = end;
       {
         auto phase = profiler_.scope(Phase::kLogging);
@@ -220,15 +222,16 @@ class Trainer::Loop {
     if (checkpointer_->enabled()) checkpointer_->save(pos_.next_epoch(), *strategy_);  // this epoch is done
   }
 
-  // One optimizer step over the loader's next `count` micro-batches. Returns the step's loss: the
-  // mean over its samples (text: target tokens), as one batch of them would give.
-  double step(int64_t count) {
+  // One optimizer step over the loader's next micro-batches, the epoch's `batches` [begin, end).
+  // Returns the step's loss: the mean over its samples (text: target tokens), as one batch of them
+  // would give.
+  double step(const std::vector<std::vector<int64_t>>& batches, int64_t begin, int64_t end) {
     std::vector<parallel::MicroBatch> micro_batches;
     {
       auto phase = profiler_.scope(Phase::kData);
       std::vector<int64_t> counts;
       int64_t total = 0;
-      for (int64_t i = 0; i < count; ++i) {
+      for (int64_t i = begin; i < end; ++i) {
         Example batch = loader_->next();  // what is left of the wait when workers build ahead
         counts.push_back(data_->count(batch));
         total += counts.back();
@@ -238,7 +241,13 @@ class Trainer::Loop {
         micro_batches[i].weight = static_cast<double>(counts[i]) / static_cast<double>(total);
     }
     const int64_t sent_before = group_ ? group_->bytes_sent() : 0;
-    const double loss = strategy_->forward_backward(micro_batches, loss_function());
+    double loss = 0.0;
+    try {
+      loss = strategy_->forward_backward(micro_batches, loss_function());
+    } catch (const c10::Error& e) {
+      name_bad_label(micro_batches, batches, begin, e);  // See Note [Naming the sample behind a bad label]
+      throw;
+    }
     if (schedule_) schedule_->apply(strategy_->optimizer(), pos_.step);
     const parallel::StepDecision decision = strategy_->step();
     if (group_) bytes_sent_ += group_->bytes_sent() - sent_before;
@@ -255,13 +264,28 @@ class Trainer::Loop {
     return loss;
   }
 
-  // The options' loss; inject_nan_step adds a NaN constant on its step and rank, which spoils the
-  // loss value but not the gradients: only the ranks' vote can then make the other ranks skip too.
-  parallel::LossFunction loss_function() const {
-    if (pos_.step != o_.inject_nan_step() || rank_ != o_.inject_nan_rank()) return o_.loss();
-    return [loss = o_.loss()](const torch::Tensor& out, const torch::Tensor& y) {
-      return loss(out, y) + std::numeric_limits<double>::quiet_NaN();
+  // The options' loss, which notes the class count of the logits (B, classes) it is given;
+  // inject_nan_step adds a NaN constant on its step and rank, which spoils the loss value but not
+  // the gradients: only the ranks' vote can then make the other ranks skip too.
+  parallel::LossFunction loss_function() {
+    const bool spoil = pos_.step == o_.inject_nan_step() && rank_ == o_.inject_nan_rank();
+    return [this, spoil, loss = o_.loss()](const torch::Tensor& out, const torch::Tensor& y) {
+      if (out.dim() == 2) classes_ = out.size(1);  // dp's replicas call it on their threads
+      return spoil ? loss(out, y) + std::numeric_limits<double>::quiet_NaN() : loss(out, y);
     };
+  }
+
+  // After the step's loss failed: when a micro-batch's class-index targets hold a label outside
+  // the classes the loss was given, throws naming its sample (Note [Naming the sample behind a bad
+  // label]), with `error` after it; else returns, and the caller rethrows `error`.
+  void name_bad_label(const std::vector<parallel::MicroBatch>& micro_batches,
+                      const std::vector<std::vector<int64_t>>& batches, int64_t begin, const c10::Error& error) const {
+    const int64_t classes = classes_.load();
+    if (classes <= 0) return;
+    const std::string rank = group_ ? c10::str("rank ", rank_, ": ") : "";
+    for (size_t i = 0; i < micro_batches.size(); ++i)
+      check_labels(micro_batches[i].target, classes, batches[begin + i], "training", rank,
+                   c10::str(" (the loss said: ", error.what_without_backtrace(), ")"));
   }
 
   // A step skipped on every rank (see Note [Agreeing on non-finite steps]) is counted and logged;
@@ -290,10 +314,17 @@ class Trainer::Loop {
     if (o_.report_memory()) report(o_.reporter(), ReportKind::kInfo, memory_line(rank_, m, peak_rss_mib(), sent));
   }
 
+  // The held-out split's figures; what Metric::kAuto chose, when not accuracy, is said once.
   Evaluation evaluate_model() {
     if (!eval_data_) return {};
-    return evaluate(strategy_->module(), [this](const torch::Tensor& x) { return strategy_->forward(x); }, *eval_data_,
-                    o_.loss(), o_.metric(), o_.eval_batch_size(), group_);
+    Evaluation e = evaluate(strategy_->module(), [this](const torch::Tensor& x) { return strategy_->forward(x); },
+                            *eval_data_, o_.loss(), o_.metric(), o_.eval_batch_size(), group_);
+    if (leader_ && !metric_said_ && o_.metric() == Metric::kAuto && e.metric != Metric::kAccuracy)
+      report(o_.reporter(), ReportKind::kNotice,
+             c10::str("held-out metric: the loss only (test_loss), not accuracy: ", e.why,
+                      "; set TrainerOptions::metric to choose"));
+    metric_said_ = true;
+    return e;
   }
 
   EpochBatches epoch_batches(int64_t epoch, int64_t replicas, int64_t replica) const {
@@ -310,6 +341,7 @@ class Trainer::Loop {
   // The mean of `value` over the ranks.
   double average(double value) { return group_ ? group_->average(value) : value; }
 
+  // First: its share of the group outlives everything below (Note [Who keeps the process group alive]).
   TrainerOptions o_;
   dist::ProcessGroup* group_;
   const int64_t rank_;
@@ -329,6 +361,8 @@ class Trainer::Loop {
   TrainResult result_;
   int64_t bytes_sent_ = 0;  // by this rank's collectives during the steps of this run
   int64_t steps_run_ = 0;
+  std::atomic<int64_t> classes_{0};  // the last loss's logits' (B, classes), 0 before the first
+  bool metric_said_ = false;         // the metric Metric::kAuto chose is reported once
 };
 
 Trainer::Trainer(torch::nn::AnyModule model, std::shared_ptr<TrainingData> train_data, TrainerOptions options,

@@ -1,11 +1,20 @@
 // TrainerOptions' checks and defaults (the loop is trainer.cpp).
 #include <torch/torch.h>
 
+#include "class_labels.h"
 #include "lockstep/train/trainer.h"
 
 namespace lockstep::train {
 
+// See Note [Naming the sample behind a bad label]: LibTorch's own check names neither the row nor
+// the class count (and is a device-side assert on CUDA).
 torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tensor& target) {
+  if (output.dim() == 2) {
+    const int64_t classes = output.size(1), row = first_bad_label(target, classes);
+    TORCH_CHECK_INDEX(row < 0, "cross_entropy_loss: label ", target[row].item<int64_t>(), " in row ", row,
+                      " of the batch is not a class of the model's ", classes, " outputs (labels 0 to ", classes - 1,
+                      ")");
+  }
   return torch::nn::functional::cross_entropy(output, target);
 }
 

@@ -97,7 +97,7 @@ TEST(TorchScriptModule, DdpOfTwoRanksEqualsOneProcessAccumulatingBothHalves) {
   std::vector<std::vector<torch::Tensor>> finals(2);
   testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     TorchScriptModule model(py.file);
-    parallel::DdpStrategy ddp(torch::nn::AnyModule(model), options().group(&group));
+    parallel::DdpStrategy ddp(torch::nn::AnyModule(model), options().group(std::shared_ptr<dist::ProcessGroup>(&group, [](dist::ProcessGroup*) {})));
     for (int64_t k = 0; k < 4; ++k) {
       ddp.forward_backward({{x.narrow(0, 24 * k + 12 * rank, 12), y.narrow(0, 24 * k + 12 * rank, 12), 1.0}}, loss);
       ASSERT_TRUE(ddp.step().stepped);

@@ -171,7 +171,7 @@ TEST_P(ShardedStrategiesWithFrozenParameters, TrainAsOneProcessAndLeaveFrozenPar
   std::vector<c10::IValue> sharded_state(2);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     StrategyOptions o = options;
-    auto s = make(c.kind, net_copy(*initial), o.group(&group));
+    auto s = make(c.kind, net_copy(*initial), o.group(testing::lent(group)));
     train(*s, d, 0, 4, rank, c.accumulate_and_clip);
     sharded[rank] = s->model_state_dict();
     sharded_state[rank] = s->training_state_dict().at("optimizer");
@@ -259,7 +259,7 @@ TEST(ShardedStrategiesWithFrozenParameters, FullCheckpointsMoveBetweenZero2DdpFs
   Saved from_zero2;
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     StrategyOptions o = options;
-    o.group(&group);
+    o.group(testing::lent(group));
     for (size_t p = 0; p < pairs.size(); ++p) {
       Saved saved;
       {
@@ -319,7 +319,7 @@ TEST(ShardedStrategiesWithFrozenParameters, ShardedStateRoundTripsAndReassembles
     std::vector<Weights> resumed(2);
     run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
       StrategyOptions o = options;
-      o.group(&group);
+      o.group(testing::lent(group));
       {
         auto s = make(kind, net_copy(*initial), o);
         train(*s, d, 0, 3, rank, false);
@@ -359,7 +359,7 @@ TEST(ShardedStrategiesWithFrozenParameters, MemoryCountsFrozenParametersWholeAnd
   std::vector<MemoryReport> reports(2);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     StrategyOptions o = frozen_options(OptimizerKind::kAdamW);
-    o.group(&group);
+    o.group(testing::lent(group));
     ZeroStrategy zero2(torch::nn::AnyModule(net_copy(*initial)), o, ZeroOptions().stage(2));
     auto net = net_copy(*initial);
     FsdpStrategy fsdp(torch::nn::AnyModule(net), o);
@@ -415,7 +415,7 @@ TEST(ShardedStrategiesWithFrozenParameters, NonFp32TrainableOrAllFrozenIsRefused
   const auto initial = frozen_net(2);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     StrategyOptions o = frozen_options(OptimizerKind::kAdamW);
-    o.group(&group);
+    o.group(testing::lent(group));
     auto bf16 = net_copy(*initial);
     bf16->fc3->to(torch::kBFloat16);
     bf16->fc1->to(torch::kBFloat16);  // frozen: any dtype is fine

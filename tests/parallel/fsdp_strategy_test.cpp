@@ -62,7 +62,7 @@ TEST(FsdpStrategy, UnitsAreGatheredOnlyWhileInUse) {
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     for (bool reshard : {true, false}) {
       FsdpStrategy fsdp(torch::nn::AnyModule(copy_of(*initial)),
-                        with_optimizer(OptimizerKind::kAdam).group(&group).fsdp(FsdpOptions().reshard_after_forward(reshard)));
+                        with_optimizer(OptimizerKind::kAdam).group(testing::lent(group)).fsdp(FsdpOptions().reshard_after_forward(reshard)));
       ASSERT_EQ(fsdp.units().size(), 2u);
       EXPECT_EQ(fsdp.units()[0]->name(), "fc1");
       EXPECT_EQ(fsdp.units()[0]->shard().numel(), kFc1 / 2);
@@ -84,7 +84,7 @@ TEST(FsdpStrategy, UnitsAreGatheredOnlyWhileInUse) {
       }
     }
     FsdpStrategy joined(torch::nn::AnyModule(copy_of(*initial)),
-                        with_optimizer(OptimizerKind::kAdam).group(&group).fsdp(FsdpOptions().min_params(kFc1 + 1)));
+                        with_optimizer(OptimizerKind::kAdam).group(testing::lent(group)).fsdp(FsdpOptions().min_params(kFc1 + 1)));
     ASSERT_EQ(joined.units().size(), 1u);
     EXPECT_EQ(joined.units()[0]->name(), "fc1+fc2");
   });
@@ -96,7 +96,7 @@ TEST(FsdpStrategy, UnitsAreGatheredOnlyWhileInUse) {
 TEST(FsdpStrategy, PrefetchGathersTheUnitsWeights) {
   const auto initial = mlp(3);
   run_ranks(2, [&](int64_t, dist::ProcessGroup& group) {
-    FsdpStrategy fsdp(torch::nn::AnyModule(copy_of(*initial)), with_optimizer(OptimizerKind::kSGD).group(&group));
+    FsdpStrategy fsdp(torch::nn::AnyModule(copy_of(*initial)), with_optimizer(OptimizerKind::kSGD).group(testing::lent(group)));
     for (int round = 0; round < 3; ++round) {
       for (const auto& unit : fsdp.units()) {
         unit->prefetch();
@@ -126,7 +126,7 @@ TEST(FsdpStrategy, MemoryAndBytesSentAreTheZeroPapersStage3) {
     std::vector<int64_t> sent(2);
     run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
       FsdpStrategy fsdp(torch::nn::AnyModule(copy_of(*initial)),
-                        with_optimizer(OptimizerKind::kAdam).group(&group).fsdp(FsdpOptions().prefetch(prefetch)));
+                        with_optimizer(OptimizerKind::kAdam).group(testing::lent(group)).fsdp(FsdpOptions().prefetch(prefetch)));
       train(fsdp, d, 0, 1, rank, false);
       const int64_t before = group.bytes_sent();
       train(fsdp, d, 1, 1, rank, false);
@@ -155,7 +155,7 @@ TEST(FsdpStrategy, Bf16AutocastFollowsDdp) {
   std::vector<torch::Tensor> ddp_final, fsdp_final;
   const auto initial = mlp(4);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-    const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(&group).opt_level(amp::OptLevel::kO1);
+    const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(testing::lent(group)).opt_level(amp::OptLevel::kO1);
     auto a = copy_of(*initial);
     DdpStrategy ddp(torch::nn::AnyModule(a), options);
     FsdpStrategy fsdp(torch::nn::AnyModule(copy_of(*initial)), options);
@@ -191,7 +191,7 @@ TEST(FsdpStrategy, AnyModuleIsOneUnitAndEvaluatesAsTheReplica) {
       model->fc->weight.copy_(initial->weight);
       model->fc->bias.copy_(initial->bias);
     }
-    FsdpStrategy fsdp(torch::nn::AnyModule(model), with_optimizer(OptimizerKind::kSGD).group(&group));
+    FsdpStrategy fsdp(torch::nn::AnyModule(model), with_optimizer(OptimizerKind::kSGD).group(testing::lent(group)));
     ASSERT_EQ(fsdp.units().size(), 1u);
     EXPECT_EQ(fsdp.units()[0]->name(), "model");
     torch::NoGradGuard no_grad;
@@ -209,7 +209,7 @@ TEST(FsdpStrategy, BadConfigurationsAreRefusedNamingTheFix) {
               HasSubstr("the fsdp strategy shards the parameters across ranks and needs a process group: "
                         "StrategyOptions().group(...), with the program started under a launcher"));
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-    const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(&group);
+    const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(testing::lent(group));
     EXPECT_THAT(testing::error_message([&] { FsdpStrategy(model(), StrategyOptions(options).opt_level(amp::OptLevel::kO2)); }),
                 HasSubstr("rank " + std::to_string(rank) + ": the fsdp strategy trains at O0 (fp32) and O1 (autocast), not O2"));
     EXPECT_THAT(testing::error_message([&] { FsdpStrategy(model(), StrategyOptions(options).fsdp(FsdpOptions().min_params(-1))); }),

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "../dist/multi_rank.h"
+#include "lent_group.h"
 #include "../test_util.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/models/zoo.h"
@@ -98,7 +99,7 @@ TEST(PipelineBalance, TwoRanksBalancedByTimeTrainExactlyAsTheSplitGivenByHand) {
     run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
       Skewed model;
       models::load_state_dict(*model, initial, "the test's initial weights");
-      PipelineStrategy strategy(torch::nn::AnyModule(std::shared_ptr<models::Classifier>(model.ptr())), sgd().group(&group).pipeline(pipeline));
+      PipelineStrategy strategy(torch::nn::AnyModule(std::shared_ptr<models::Classifier>(model.ptr())), sgd().group(testing::lent(group)).pipeline(pipeline));
       for (int step = 0; step < 2; ++step) {
         strategy.forward_backward({{x, y, 1.0}}, loss);
         ASSERT_TRUE(strategy.step().stepped);

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "../dist/multi_rank.h"
+#include "lent_group.h"
 #include "lockstep/models/gpt_mini.h"
 #include "lockstep/models/state_dict.h"
 #include "lockstep/optim/optimizer.h"
@@ -158,7 +159,7 @@ TEST_P(TiedPipeline, EqualsOneProcessOnTheGlobalBatchWithTheTiedEmbeddingIdentic
   run_ranks(world, [&](int64_t rank, dist::ProcessGroup& group) {
     auto model = gpt(initial);
     PipelineStrategy pipeline(torch::nn::AnyModule(model),
-                              sgd().group(&group).pipeline(PipelineOptions().stages(c.stages).micro_batches(kMicro)
+                              sgd().group(testing::lent(group)).pipeline(PipelineOptions().stages(c.stages).micro_batches(kMicro)
                                                                .schedule(c.schedule).split(c.split)));
     const int64_t replica = rank / c.stages;
     for (int64_t s = 0; s < kSteps; ++s) {
@@ -207,7 +208,7 @@ TEST(TiedPipeline, ClippingByNormCountsTheTiedGradientOnce) {
   std::vector<Weights> finals(2);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     PipelineStrategy pipeline(torch::nn::AnyModule(gpt(initial)),
-                              sgd(kClip).group(&group).pipeline(PipelineOptions().micro_batches(kMicro)));
+                              sgd(kClip).group(testing::lent(group)).pipeline(PipelineOptions().micro_batches(kMicro)));
     for (int64_t s = 0; s < kSteps; ++s) {
       pipeline.forward_backward({{data.x[s], data.y[s], 1.0}}, lm_loss);
       ASSERT_TRUE(pipeline.step().stepped);
@@ -234,14 +235,14 @@ TEST(TiedPipeline, OptimizerStateIsTheWholeModelsBothWays) {
   c10::IValue gathered;
   std::vector<Weights> resumed(2);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-    PipelineStrategy pipeline(torch::nn::AnyModule(gpt(initial)), sgd().group(&group).pipeline(PipelineOptions().micro_batches(2)));
+    PipelineStrategy pipeline(torch::nn::AnyModule(gpt(initial)), sgd().group(testing::lent(group)).pipeline(PipelineOptions().micro_batches(2)));
     for (int64_t s = 0; s < 2; ++s) {
       pipeline.forward_backward({{data.x[s], data.y[s], 1.0}}, lm_loss);
       pipeline.step();
     }
     const auto state = pipeline.training_state_dict();
     if (rank == 0) gathered = state.at("optimizer");
-    PipelineStrategy from_local(torch::nn::AnyModule(gpt(local_weights)), sgd().group(&group));
+    PipelineStrategy from_local(torch::nn::AnyModule(gpt(local_weights)), sgd().group(testing::lent(group)));
     from_local.load_training_state_dict(local_state, "the local strategy's state");
     from_local.forward_backward({{data.x[2], data.y[2], 1.0}}, lm_loss);
     from_local.step();
@@ -285,7 +286,7 @@ TEST(TiedPipeline, UntiedAndClassifierModelsStillEqualOneProcess) {
     std::vector<Weights> finals(2);
     run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
       PipelineStrategy pipeline(torch::nn::AnyModule(gpt(initial, options)),
-                                sgd().group(&group).pipeline(PipelineOptions().micro_batches(4)));
+                                sgd().group(testing::lent(group)).pipeline(PipelineOptions().micro_batches(4)));
       for (int64_t s = 0; s < 2; ++s) {
         pipeline.forward_backward({{data.x[s], target(s), 1.0}}, loss);
         pipeline.step();

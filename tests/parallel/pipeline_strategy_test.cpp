@@ -8,6 +8,7 @@
 #include <map>
 
 #include "../dist/multi_rank.h"
+#include "lent_group.h"
 #include "../test_util.h"
 #include "lockstep/core/tensor_memory.h"
 #include "lockstep/models/state_dict.h"
@@ -130,7 +131,7 @@ TEST_P(PipelineEquivalence, TwoStagesEqualOneProcessAccumulatingTheSameMicroBatc
   std::vector<std::vector<double>> losses(2);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     PipelineStrategy pipeline(torch::nn::AnyModule(model_with(c.model, initial)),
-                              sgd().group(&group).pipeline(PipelineOptions().micro_batches(kMicro).schedule(c.schedule)));
+                              sgd().group(testing::lent(group)).pipeline(PipelineOptions().micro_batches(kMicro).schedule(c.schedule)));
     for (int64_t s = 0; s < kSteps; ++s) {
       losses[rank].push_back(pipeline.forward_backward({{data.x[s], data.y[s], 1.0}}, cross_entropy));
       ASSERT_TRUE(pipeline.step().stepped);
@@ -168,7 +169,7 @@ TEST_P(PipelineEquivalence, TwoStagesTimesTwoReplicasEqualOneProcessOnTheGlobalB
   run_ranks(4, [&](int64_t rank, dist::ProcessGroup& group) {
     PipelineStrategy pipeline(
         torch::nn::AnyModule(model_with(c.model, initial)),
-        sgd().group(&group).pipeline(PipelineOptions().stages(2).micro_batches(kMicro).schedule(c.schedule)));
+        sgd().group(testing::lent(group)).pipeline(PipelineOptions().stages(2).micro_batches(kMicro).schedule(c.schedule)));
     replicas[rank] = pipeline.replicas();
     const int64_t replica = rank / pipeline.ranks_per_replica();
     for (int64_t s = 0; s < kSteps; ++s) {
@@ -200,7 +201,7 @@ TEST(PipelineStrategy, OneFOneBHoldsFewerLiveActivationsThanGPipeAtEightMicroBat
     bytes[schedule].resize(2);
     run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
       PipelineStrategy pipeline(torch::nn::AnyModule(models::make_model("mlp")),
-                                sgd().group(&group).pipeline(PipelineOptions().micro_batches(8).schedule(schedule)));
+                                sgd().group(testing::lent(group)).pipeline(PipelineOptions().micro_batches(8).schedule(schedule)));
       pipeline.forward_backward({{data.x[0], data.y[0], 1.0}}, cross_entropy);
       peaks[schedule][rank] = pipeline.peak_live_micro_batches();
       bytes[schedule][rank] = pipeline.memory().activation_bytes;
@@ -241,14 +242,14 @@ TEST(PipelineStrategy, OptimizerStateMatchesOneProcessBothWays) {
   c10::IValue gathered;
   std::vector<c10::Dict<std::string, torch::Tensor>> resumed(2);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-    PipelineStrategy pipeline(torch::nn::AnyModule(model_with("mlp", initial)), sgd().group(&group));
+    PipelineStrategy pipeline(torch::nn::AnyModule(model_with("mlp", initial)), sgd().group(testing::lent(group)));
     for (int64_t s = 0; s < 2; ++s) {
       pipeline.forward_backward({{data.x[s], data.y[s], 1.0}}, cross_entropy);
       pipeline.step();
     }
     const auto state = pipeline.training_state_dict();
     if (rank == 0) gathered = state.at("optimizer");
-    PipelineStrategy from_local(torch::nn::AnyModule(model_with("mlp", local_weights)), sgd().group(&group));
+    PipelineStrategy from_local(torch::nn::AnyModule(model_with("mlp", local_weights)), sgd().group(testing::lent(group)));
     from_local.load_training_state_dict(local_state, "the local strategy's state");
     from_local.forward_backward({{data.x[2], data.y[2], 1.0}}, cross_entropy);
     from_local.step();
@@ -287,7 +288,7 @@ TEST(PipelineStrategy, BadConfigurationsFailBeforeTraining) {
   std::vector<std::string> messages(3);
   run_ranks(3, [&](int64_t rank, dist::ProcessGroup& group) {
     messages[rank] = testing::error_message([&] {
-      PipelineStrategy(torch::nn::AnyModule(models::make_model("convnet")), sgd().group(&group).pipeline(PipelineOptions().stages(2)));
+      PipelineStrategy(torch::nn::AnyModule(models::make_model("convnet")), sgd().group(testing::lent(group)).pipeline(PipelineOptions().stages(2)));
     });
   });
   for (int64_t r = 0; r < 3; ++r)

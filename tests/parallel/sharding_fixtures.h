@@ -19,6 +19,7 @@
 #include "lockstep/parallel/strategy.h"
 #include "lockstep/parallel/strategy_registry.h"
 #include "../dist/multi_rank.h"
+#include "lent_group.h"
 
 namespace lockstep::parallel::sharding_test {
 
@@ -133,7 +134,7 @@ inline void expect_matches_ddp(OptimizerKind optimizer, bool accumulate_and_clip
   std::vector<std::vector<torch::Tensor>> ddp_final(2), sharded_final(2);
   const auto initial = mlp(11);
   lockstep::testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-    StrategyOptions options = with_optimizer(optimizer).group(&group).clip_norm(accumulate_and_clip ? 0.05 : 0.0);
+    StrategyOptions options = with_optimizer(optimizer).group(testing::lent(group)).clip_norm(accumulate_and_clip ? 0.05 : 0.0);
     auto a = copy_of(*initial, 0.5 * rank);
     DdpStrategy ddp(torch::nn::AnyModule(a), options);
     auto sharded = make(torch::nn::AnyModule(copy_of(*initial, 0.5 * rank)), options);
@@ -158,7 +159,7 @@ inline void expect_resumes_like_ddp(const std::vector<std::pair<StrategyKind, St
   Saved from_first_pair;
   const auto initial = mlp(3);
   lockstep::testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-    const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(&group);
+    const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(testing::lent(group));
     auto reference = copy_of(*initial);
     DdpStrategy ddp(torch::nn::AnyModule(reference), options);
     train(ddp, d, 0, 6, rank, false);

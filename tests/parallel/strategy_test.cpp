@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "../dist/multi_rank.h"
+#include "lent_group.h"
 #include "../test_util.h"
 #include "lockstep/models/convnet.h"
 #include "lockstep/models/mlp.h"
@@ -90,7 +91,7 @@ TEST_P(EveryOptimizer, DdpOfTwoRanksEqualsLocalWithTheDoubleBatch) {
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     torch::manual_seed(100 + rank);  // different weights: rank 0's must win
     auto model = rank == 0 ? copy() : std::make_shared<models::MLPImpl>();
-    DdpStrategy ddp(torch::nn::AnyModule(model), with_optimizer(GetParam()).group(&group));
+    DdpStrategy ddp(torch::nn::AnyModule(model), with_optimizer(GetParam()).group(testing::lent(group)));
     train(ddp, d, 4, 24, 12 * rank, 12);
     for (const auto& p : model->parameters()) finals[rank].push_back(p.detach().clone());
   });
@@ -119,7 +120,7 @@ TEST(DdpStrategy, MismatchedModelsEndEveryRankWithTheFirstDifferenceAtEveryOptLe
       torch::nn::AnyModule model = rank == 0 ? torch::nn::AnyModule(std::make_shared<models::MLPImpl>())
                                              : torch::nn::AnyModule(std::make_shared<models::ConvNetImpl>());
       messages[rank] = testing::error_message(
-          [&] { DdpStrategy(model, with_optimizer(optim::OptimizerKind::kSGD).group(&group).opt_level(level)); });
+          [&] { DdpStrategy(model, with_optimizer(optim::OptimizerKind::kSGD).group(testing::lent(group)).opt_level(level)); });
     });
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << amp::to_string(level);
     EXPECT_THAT(messages[0], HasSubstr("the model differs across ranks (1 of 2 ranks disagree")) << amp::to_string(level);
@@ -134,7 +135,7 @@ TEST(DdpStrategy, NonFiniteLossOnOneRankSkipsTheStepOnEveryRank) {
   std::vector<StepDecision> decisions(2);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     DdpStrategy ddp(torch::nn::AnyModule(std::make_shared<models::MLPImpl>()),
-                    with_optimizer(optim::OptimizerKind::kSGD).group(&group));
+                    with_optimizer(optim::OptimizerKind::kSGD).group(testing::lent(group)));
     auto loss = [rank](const torch::Tensor& out, const torch::Tensor& y) {
       return F::cross_entropy(out, y) + (rank == 1 ? std::numeric_limits<double>::quiet_NaN() : 0.0);
     };
@@ -156,7 +157,7 @@ TEST(DdpStrategy, WaitingForALateRankBeforeForwardIsTimedAsSync) {
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     StepProfiler profiler;
     DdpStrategy ddp(torch::nn::AnyModule(models::ConvNet(10)),
-                    with_optimizer(optim::OptimizerKind::kSGD).group(&group).profiler(&profiler));
+                    with_optimizer(optim::OptimizerKind::kSGD).group(testing::lent(group)).profiler(&profiler));
     if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
     ddp.forward_backward({{d.x.narrow(0, 8 * rank, 8), d.y.narrow(0, 8 * rank, 8), 1.0}}, cross_entropy);
     profiler.end_step();

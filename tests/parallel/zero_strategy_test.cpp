@@ -65,7 +65,7 @@ TEST(ZeroStrategy, MemoryIsTheZeroPapersModelForAdam) {
   std::vector<MemoryReport> reports(3);
   const auto initial = mlp(1);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-    const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(&group);
+    const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(testing::lent(group));
     DdpStrategy ddp(torch::nn::AnyModule(copy_of(*initial)), options);
     ZeroStrategy zero1(torch::nn::AnyModule(copy_of(*initial)), options, zero(1));
     ZeroStrategy zero2(torch::nn::AnyModule(copy_of(*initial)), options, zero(2));
@@ -91,7 +91,7 @@ TEST(ZeroStrategy, ConsolidatedOptimizerStateIsTheReplicasPerParameterState) {
   std::vector<c10::IValue> ddp_state(2), zero_state(2);
   const auto initial = mlp(2);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-    const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(&group);
+    const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(testing::lent(group));
     DdpStrategy ddp(torch::nn::AnyModule(copy_of(*initial)), options);
     ZeroStrategy zero2(torch::nn::AnyModule(copy_of(*initial)), options, zero(2));
     train(ddp, d, 0, 3, rank, false);
@@ -130,7 +130,7 @@ TEST(ZeroStrategy, Bf16AutocastFollowsDdp) {
   std::vector<torch::Tensor> ddp_final, zero_final;
   const auto initial = mlp(4);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-    const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(&group).opt_level(amp::OptLevel::kO1);
+    const StrategyOptions options = with_optimizer(OptimizerKind::kAdam).group(testing::lent(group)).opt_level(amp::OptLevel::kO1);
     auto a = copy_of(*initial), b = copy_of(*initial);
     DdpStrategy ddp(torch::nn::AnyModule(a), options);
     ZeroStrategy zero2(torch::nn::AnyModule(b), options, zero(2));
@@ -155,7 +155,7 @@ TEST(ZeroStrategy, NonFiniteGradientInOneShardSkipsTheStepOnEveryRank) {
   const auto initial = mlp(5);
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     auto model = copy_of(*initial);
-    ZeroStrategy zero2(torch::nn::AnyModule(model), with_optimizer(OptimizerKind::kSGD).group(&group), zero(2));
+    ZeroStrategy zero2(torch::nn::AnyModule(model), with_optimizer(OptimizerKind::kSGD).group(testing::lent(group)), zero(2));
     const torch::Tensor bias = model->parameters().back();
     before[rank] = bias.detach().clone();
     auto loss = [&](const torch::Tensor& out, const torch::Tensor& y) {
@@ -181,7 +181,7 @@ TEST(ZeroStrategy, BadConfigurationsAreRefusedNamingTheFix) {
   EXPECT_THAT(testing::error_message([] { parse_strategy("zero3"); }),
               HasSubstr("unknown strategy 'zero3'; choose local, ddp, dp, zero1, zero2, fsdp, pipeline"));
   run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-    const StrategyOptions o2 = with_optimizer(OptimizerKind::kAdam).group(&group).opt_level(amp::OptLevel::kO2);
+    const StrategyOptions o2 = with_optimizer(OptimizerKind::kAdam).group(testing::lent(group)).opt_level(amp::OptLevel::kO2);
     EXPECT_THAT(testing::error_message([&] { ZeroStrategy(model(), o2, ZeroOptions().stage(1)); }),
                 HasSubstr("rank " + std::to_string(rank) +
                           ": the zero1 strategy trains at O0 (fp32) and O1 (autocast), not O2"));

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "../test_util.h"
 #include "lockstep/data/transforms.h"
 #include "lockstep/train/batch_loader.h"
 
@@ -178,6 +179,32 @@ TEST(BatchLoader, AWorkersErrorArrivesWithItsBatchAndTheBatchesBeforeItArriveInt
     loader.start(epoch_of(1), 0, 1, 7);
     EXPECT_EQ(loader.next().target.size(0), 10);
   }
+}
+
+// Issue 54 item 16: a sample shaped unlike its batch was LibTorch's "stack expects each tensor to
+// be equal size", naming no sample. The default collate names it by its index in the split, on
+// the training thread or a worker's.
+TEST(BatchLoader, ASampleShapedUnlikeItsBatchIsNamedWithBothShapes) {
+  struct OneOdd : TrainingData {
+    int64_t size() const override { return 12; }
+    Example get(int64_t i) const override {
+      if (i == 9) return {torch::zeros({9}), torch::tensor(int64_t{1})};
+      if (i == 4) return {torch::zeros({8}), torch::zeros({2}, torch::kLong)};
+      return {torch::zeros({8}), torch::tensor(int64_t{1})};
+    }
+  };
+  for (int64_t workers : {0, 2}) {
+    BatchLoader loader(std::make_shared<OneOdd>(), LoaderOptions().workers(workers));
+    loader.start({{2, 9, 5}, {7, 4}}, 0, 0, 7);
+    EXPECT_THAT(testing::error_message([&] { loader.next(); }),
+                HasSubstr("sample 9 has data shaped [9], but sample 2, the first of its batch, has [8]"));
+    EXPECT_THAT(testing::error_message([&] { loader.next(); }),
+                HasSubstr("sample 4 has a target shaped [2], but sample 7, the first of its batch, has []"));
+  }
+  // Called directly, collate knows positions only.
+  std::vector<Example> samples{{torch::zeros({8}), torch::tensor(1)}, {torch::zeros({9}), torch::tensor(1)}};
+  EXPECT_THAT(testing::error_message([&] { OneOdd().collate(samples); }),
+              HasSubstr("sample 1 of the batch has data shaped [9], but sample 0, the first of its batch, has [8]"));
 }
 
 TEST(BatchLoader, ALoaderDestroyedWhileItsWorkersBuildReturnsAtOnce) {

@@ -57,7 +57,7 @@ TEST(ShardedCheckpoint, FsdpSavesWithoutGatheringAndTheFilesHoldTheFullStateInPi
   c10::IValue gathered_optimizer;
   testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
     parallel::FsdpStrategy fsdp(torch::nn::AnyModule(fixtures::copy_of(*initial)),
-                                fixtures::with_optimizer(optim::OptimizerKind::kAdam).group(&group));
+                                fixtures::with_optimizer(optim::OptimizerKind::kAdam).group(testing::lent(group)));
     fixtures::train(fsdp, d, 0, 2, rank, false);
     {
       Checkpointer sharded(CheckpointerOptions().dir(dir / "sharded").format(CheckpointFormat::kSharded),
@@ -146,7 +146,7 @@ TEST(ShardedCheckpoint, SameStrategyAndWorldSizeResumeShardByShardExactly) {
     testing::TempDir dir;
     std::vector<std::vector<torch::Tensor>> straight(2), resumed(2);
     testing::run_ranks(2, [&](int64_t rank, dist::ProcessGroup& group) {
-      const auto options = fixtures::with_optimizer(optim::OptimizerKind::kAdam).group(&group);
+      const auto options = fixtures::with_optimizer(optim::OptimizerKind::kAdam).group(testing::lent(group));
       auto reference = parallel::make_strategy(kind, torch::nn::AnyModule(fixtures::copy_of(*initial)), options);
       fixtures::train(*reference, d, 0, 4, rank, false);
       straight[rank] = fixtures::weights(*reference);

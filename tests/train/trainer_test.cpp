@@ -5,10 +5,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <exception>
 #include <filesystem>
 #include <functional>
+#include <memory>
+#include <numeric>
 #include <sstream>
+#include <thread>
 
+#include "../dist/multi_rank.h"
 #include "../test_util.h"
 #include "lockstep/core/atomic_file.h"
 #include "lockstep/optim/optimizer.h"
@@ -214,6 +219,107 @@ TEST(TrainerApi, FitRunsOnceAndASecondCallSaysWhatRanAndWhatToDo) {
   EXPECT_EQ(finished.fit().steps, 4);
   EXPECT_THAT(testing::error_message([&] { finished.fit(); }),
               HasSubstr("has already run on this Trainer and trained all 1 epochs (4 steps); a Trainer fits once"));
+}
+
+// Issue 54 item 2: the user's handle on the group dropped between making the Trainer and fit()
+// pulled the group from under ddp (SIGSEGV). Two real ranks over Gloo train to the end.
+TEST(TrainerApi, AGroupHandleDroppedBeforeFitLeavesTheTrainersGroupAlive) {
+  const int port = testing::free_port();
+  const auto data = features(64, 7);
+  std::vector<std::map<std::string, torch::Tensor>> trained(2);
+  std::vector<TrainResult> results(2);
+  std::vector<std::exception_ptr> errors(2);
+  std::vector<std::thread> ranks;
+  for (int64_t r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        std::unique_ptr<Trainer> trainer;
+        std::weak_ptr<dist::ProcessGroup> seen;
+        {
+          std::shared_ptr<dist::ProcessGroup> group = dist::init_process_group(testing::loopback(r, 2, port));
+          seen = group;
+          torch::manual_seed(r);  // ddp starts every rank from rank 0's weights
+          trainer = std::make_unique<Trainer>(torch::nn::AnyModule(TwoLayer()), data,
+                                              quiet().strategy(parallel::StrategyKind::kDdp).epochs(2)
+                                                  .strategy_options(sgd(0.1).group(group)));
+        }  // the user's handle and options are gone
+        results[r] = trainer->fit();
+        trained[r] = weights(trainer->strategy().module());
+        EXPECT_FALSE(seen.expired());
+        trainer.reset();
+        EXPECT_TRUE(seen.expired()) << "the Trainer's share went with it";
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (int64_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].world_size, 2);
+    EXPECT_EQ(results[r].steps, 4);  // 2 epochs x 32 samples per rank / 16
+  }
+  for (const auto& [name, t] : trained[0]) EXPECT_TRUE(torch::equal(t, trained[1].at(name))) << name;
+}
+
+// Issue 54 item 16: a label the model has no class for was LibTorch's "Target 7 is out of bounds",
+// naming no sample; in the held-out split it counted as a wrong answer without a word.
+TEST(TrainerApi, ALabelOutsideTheModelsClassesNamesTheSampleTheLabelAndTheClasses) {
+  const auto data = features(48, 8);
+  std::vector<int64_t> all(48);
+  std::iota(all.begin(), all.end(), 0);
+  const Example whole = data->get_batch(all);
+  torch::Tensor bad = whole.target.clone();
+  bad[13] = 7;  // TwoLayer outputs 3 classes
+  EXPECT_THAT(testing::error_message([&] {
+                Trainer(torch::nn::AnyModule(TwoLayer()), std::make_shared<TensorData>(whole.data, bad), quiet()).fit();
+              }),
+              HasSubstr("sample 13 of the training split has label 7, but the model outputs 3 classes (labels 0 to 2)"));
+  // Outside the Trainer the library's loss names the row.
+  EXPECT_THAT(testing::error_message([] { train::cross_entropy_loss(torch::zeros({3, 4}), torch::tensor({0, 7, -100})); }),
+              HasSubstr("cross_entropy_loss: label 7 in row 1 of the batch is not a class of the model's 4 outputs "
+                        "(labels 0 to 3)"));
+  torch::Tensor held_out = whole.target.clone();
+  held_out[42] = -2;
+  EXPECT_THAT(testing::error_message([&] {
+                Trainer(torch::nn::AnyModule(TwoLayer()), data, quiet(), std::make_shared<TensorData>(whole.data, held_out)).fit();
+              }),
+              HasSubstr("sample 42 of the held-out split has label -2, but the model outputs 3 classes (labels 0 to 2)"));
+}
+
+// Issue 54 item 17: a regression trained with an MSE loss reported test_acc 0 (the argmax of one
+// column). Unset, the metric is accuracy only for class-index targets; here the held-out loss.
+TEST(TrainerApi, ARegressionIsMeasuredByItsHeldOutLossNotByAnAccuracy) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const torch::Tensor x = torch::randn({256, 8}, gen), w = torch::randn({8, 1}, gen);
+  const auto split = [&](int64_t begin, int64_t n) {
+    return std::make_shared<TensorData>(x.narrow(0, begin, n), x.narrow(0, begin, n).matmul(w));  // (n, 1) fp32
+  };
+  std::vector<std::string> lines;
+  auto o = quiet().epochs(10).loss([](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); })
+               .reporter([&lines](ReportKind, const std::string& l) { lines.push_back(l); });
+  torch::manual_seed(0);
+  const TrainResult r = Trainer(torch::nn::AnyModule(torch::nn::Linear(8, 1)), split(0, 192), o, split(192, 64)).fit();
+  EXPECT_TRUE(std::isnan(r.test_acc)) << r.test_acc;
+  EXPECT_LT(r.test_loss, 0.05 * w.pow(2).sum().item<double>());  // E[y^2] = |w|^2: it learned
+  EXPECT_EQ(r.test_loss, r.epochs.back().test_loss);
+  EXPECT_THAT(r.summary_json(), HasSubstr("\"test_acc\":null,\"test_loss\":"));
+  ASSERT_EQ(lines.size(), 1u);  // said once, not per epoch
+  EXPECT_THAT(lines[0], HasSubstr("held-out metric: the loss only (test_loss), not accuracy: the targets are Float, "
+                                  "not class indices (integers); set TrainerOptions::metric to choose"));
+  // Asked for, accuracy of a regression is refused; kNone measures a classifier's loss only.
+  EXPECT_THAT(testing::error_message([&] {
+                Trainer(torch::nn::AnyModule(torch::nn::Linear(8, 1)), split(0, 64), o.metric(Metric::kAccuracy),
+                        split(192, 64)).fit();
+              }),
+              HasSubstr("the accuracy metric compares the argmax of the model's output with class-index targets, but "
+                        "the targets are Float, not class indices (integers): measure the held-out loss only with "
+                        "Metric::kNone"));
+  const TrainResult c = Trainer(torch::nn::AnyModule(TwoLayer()), features(64, 3), quiet().metric(Metric::kNone),
+                                features(64, 4)).fit();
+  EXPECT_TRUE(std::isnan(c.test_acc));
+  EXPECT_GT(c.test_loss, 0.0);
 }
 
 TEST(TrainerApi, RefusesBadOptionsNamingTheValue) {

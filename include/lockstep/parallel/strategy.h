@@ -53,8 +53,21 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 // its weights are overwritten.
 using ModelFactory = std::function<torch::nn::AnyModule()>;
 
-// Pointer types as TORCH_ARG needs them (a macro's `const T&` of `X*` would point to const).
-using ProcessGroupPtr = dist::ProcessGroup*;
+// Note [Who keeps the process group alive]
+// A strategy holds its StrategyOptions, and with them a share of the group, for as long as it
+// lives; a Trainer holds its TrainerOptions (and its strategy) the same way. So a user's program
+// may drop its own handle on the group once the options are built: the group is torn down when
+// the last strategy or Trainer that trains over it is destroyed, never under one (c10d's
+// ProcessGroup is held by intrusive_ptr for the same reason). init_process_group's unique_ptr
+// converts: `std::shared_ptr<dist::ProcessGroup> group = dist::init_process_group();`. A group
+// owned elsewhere for longer than the strategy (a test harness's) may be lent through a
+// shared_ptr with a no-op deleter; its owner then answers for the lifetime. Inside a strategy, what
+// uses the group (DDP's reducer, the scaler, subgroups) refers to it plainly and is declared after
+// the options, so it goes first. A model converted to SyncBatchNorm refers to its group without a
+// share (SyncBatchNormImpl): once the strategy and the Trainer are gone, such a module runs in
+// training mode only while the caller still holds the group.
+
+// A pointer type as TORCH_ARG needs it (a macro's `const T&` of `X*` would point to const).
 using StepProfilerPtr = StepProfiler*;
 
 // The fsdp strategy's wrapping (see Note [FSDP units]).
@@ -83,7 +96,9 @@ struct StrategyOptions {
   TORCH_ARG(bool, fixed_loss_scale) = false;
   TORCH_ARG(double, clip_value) = 0.0;  // clamp each gradient element to [-v, v] first; 0: off
   TORCH_ARG(double, clip_norm) = 0.0;   // then scale to total L2 norm <= n; 0: off
-  TORCH_ARG(ProcessGroupPtr, group) = nullptr;      // the ranks that train together; null: one process
+  // The ranks that train together, shared with the caller (Note [Who keeps the process group
+  // alive]); null: one process.
+  TORCH_ARG(std::shared_ptr<dist::ProcessGroup>, group) = nullptr;
   TORCH_ARG(StepProfilerPtr, profiler) = nullptr;   // phases of the step, when set
   TORCH_ARG(PipelineOptions, pipeline) = {};        // the pipeline strategy's stages and schedule
   TORCH_ARG(FsdpOptions, fsdp) = {};                // the fsdp strategy's units

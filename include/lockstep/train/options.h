@@ -137,7 +137,7 @@ struct TrainOptions {
   models::NormLayer norm_layer(dist::ProcessGroup* group) const;
   // trainer().strategy_options() with what the flags above decide filled in: the optimizer, the
   // precision and loss scaling, and `group`.
-  parallel::StrategyOptions strategy_options(dist::ProcessGroup* group) const;
+  parallel::StrategyOptions strategy_options(std::shared_ptr<dist::ProcessGroup> group) const;
   // Data-parallel replicas of the model on `world_size` ranks: the ranks, or a pipeline's stages together.
   int64_t replicas(int64_t world_size) const;
   // What a checkpoint records of the run and a resumed run must share: model, data, limit, seed,

@@ -11,8 +11,8 @@ namespace lockstep::train {
 struct EpochResult {
   int64_t epoch = 0;         // 1-based
   double train_loss = 0.0;   // mean over the epoch's steps
-  double test_acc = 0.0;     // fraction of the test split classified correctly (NaN: language model)
-  double test_loss = NAN;    // language model: mean next-token loss on the held-out split
+  double test_acc = 0.0;     // fraction of the test split classified correctly (NaN: not measured, see Metric)
+  double test_loss = NAN;    // mean loss on the held-out split: next-token (language model), per sample (Metric::kNone)
   double perplexity = NAN;   // exp(test_loss)
   double train_s = 0.0;      // training time, evaluation excluded
 };
@@ -33,8 +33,8 @@ struct TrainResult {
   int64_t samples = 0;          // training samples processed by all ranks, all epochs
   double samples_per_s = 0.0;   // global: all ranks' samples per second
   double train_s = 0.0;         // all epochs' training time, evaluation excluded
-  double test_acc = 0.0;        // after the last epoch
-  double test_loss = NAN;       // language model: after the last epoch
+  double test_acc = 0.0;        // after the last epoch (NaN: not measured, see Metric)
+  double test_loss = NAN;       // language model or Metric::kNone: after the last epoch
   double perplexity = NAN;
   // The data's own figures (text: padding_fraction, vocab_size, unigram_perplexity), averaged
   // over the ranks; in the summary after the documented keys.
@@ -56,7 +56,8 @@ struct TrainResult {
   // The one-line summary `lockstep train` prints last:
   // {"world_size":1,"samples_per_s":..,"train_s":..,"test_acc":..,"final_loss":..,"peak_rss_mib":..,
   //  "param_bytes":..,"grad_bytes":..,"optim_bytes":..,"sent_bytes_per_step":..,"steps":..,"skipped_steps":..};
-  // a language model has "test_loss" and "perplexity" after "test_acc" (null), then figures; then,
+  // a language model has "test_loss" and "perplexity" after "test_acc" (null), a run measured by
+  // its loss only (Metric::kNone) "test_loss"; then figures; then,
   // when `ranks` is set, "ranks":[{"rank":0,"peak_rss_mib":..,"step_ms":..,"sync_ms":..,
   // "activation_bytes":..}, ...]
   std::string summary_json() const;

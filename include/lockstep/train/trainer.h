@@ -2,10 +2,11 @@
 // Your torch::nn::Module on your data under any strategy and precision: what accelerate's
 // Accelerator and Lightning's Trainer are to a Python user.
 //
-//   auto group = lockstep::dist::init_process_group();  // under lockstep run, torchrun, srun, mpirun
+//   std::shared_ptr<lockstep::dist::ProcessGroup> group =
+//       lockstep::dist::init_process_group();  // under lockstep run, torchrun, srun, mpirun
 //   auto options = lockstep::train::TrainerOptions()
 //       .strategy(lockstep::parallel::StrategyKind::kZero2)
-//       .strategy_options(lockstep::parallel::StrategyOptions().optimizer(make_sgd).group(group.get()))
+//       .strategy_options(lockstep::parallel::StrategyOptions().optimizer(make_sgd).group(group))
 //       .epochs(3).batch_size(32);
 //   lockstep::train::TrainResult r =
 //       lockstep::train::Trainer(torch::nn::AnyModule(MyNet()), train_split, options, test_split).fit();
@@ -39,7 +40,7 @@ namespace lockstep::train {
 using StrategyFactory =
     std::function<std::unique_ptr<parallel::Strategy>(torch::nn::AnyModule model, parallel::StrategyOptions options)>;
 
-// A pointer type as TORCH_ARG needs it (see parallel::ProcessGroupPtr).
+// A pointer type as TORCH_ARG needs it (see parallel::StepProfilerPtr).
 using OstreamPtr = std::ostream*;
 
 // cross_entropy(output, target): a classifier's loss, PyTorch's default reduction (the mean).
@@ -50,7 +51,8 @@ struct TrainerOptions {
   // The strategy (see Note [The Strategy seam]); unset: ddp when the group has several ranks,
   // local otherwise. `strategy_options` carries the optimizer, precision, clipping, the process
   // group and the strategies' own settings; the Trainer sets its profiler and reporter. `make_strategy`, when
-  // set, builds the strategy instead of parallel::make_strategy (a user's own subclass).
+  // set, builds the strategy instead of parallel::make_strategy (a user's own subclass). The Trainer
+  // keeps a share of the group until it is destroyed (Note [Who keeps the process group alive]).
   TORCH_ARG(c10::optional<parallel::StrategyKind>, strategy) = c10::nullopt;
   TORCH_ARG(parallel::StrategyOptions, strategy_options);
   TORCH_ARG(StrategyFactory, make_strategy);
@@ -82,8 +84,11 @@ struct TrainerOptions {
   // Training batches built on worker threads ahead of the step (see Note [Background loading]).
   TORCH_ARG(LoaderOptions, loader);
   TORCH_ARG(parallel::LossFunction, loss) = cross_entropy_loss;
-  // The held-out split's measure and its batch.
-  TORCH_ARG(Metric, metric) = Metric::kAccuracy;
+  // The held-out split's measure (see Metric) and its batch. kAuto: accuracy where the targets are
+  // class indices of logits of 2 or more classes, else the held-out loss only (TrainResult's
+  // test_loss; test_acc NaN), said once through the reporter. kAccuracy where it cannot apply (a
+  // regression's float targets, a one-column output) is refused at the first evaluation.
+  TORCH_ARG(Metric, metric) = Metric::kAuto;
   TORCH_ARG(int64_t, eval_batch_size) = 200;
   // Every BatchNorm of the model becomes a SyncBatchNorm over the strategy's group before training
   // (parallel::convert_sync_batchnorm; Lightning's sync_batchnorm=True). One process without a
