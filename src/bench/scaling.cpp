@@ -5,6 +5,7 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -51,6 +52,12 @@ std::vector<CollectiveTiming> read_collectives_csv(const std::string& path) {
     } catch (const std::exception&) {
       TORCH_CHECK_VALUE(false, path, ":", number, ": a field is not a number: '", line, "'");
     }
+    // A row is a measured job: at least one host, every host with the same number of ranks.
+    TORCH_CHECK_VALUE(r.hosts >= 1 && r.ranks >= r.hosts && r.ranks % r.hosts == 0 && r.bytes >= 0 &&
+                          std::isfinite(r.seconds) && r.seconds >= 0,
+                      path, ":", number, ": hosts ", r.hosts, ", ranks ", r.ranks, ", bytes ", r.bytes,
+                      " is not a measured job (hosts >= 1, ranks a multiple of hosts, bytes and time >= 0): '",
+                      line.substr(0, 200), "'");
     rows.push_back(r);
   }
   return rows;

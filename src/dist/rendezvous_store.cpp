@@ -60,7 +60,7 @@ c10::intrusive_ptr<c10d::Store> tcp_store(const Endpoint& at, int64_t rank, int6
       return host_tcp_store(at.host, at.port, timeout);
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "rank 0 of ", world, ": cannot host the rendezvous on ", at.host, ":", at.port, " (",
-                  error_text(e), "); choose another MASTER_PORT or tcp:// port");
+                  error_text(e), "); the port may be in use: choose another MASTER_PORT or tcp:// port");
     }
   }
   try {

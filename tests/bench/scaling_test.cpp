@@ -92,6 +92,13 @@ TEST(Scaling, AMalformedResultsFileIsNamedWithItsLine) {
   write_file_atomic(dir / "bad.csv", std::vector<char>(text.begin(), text.end()));
   EXPECT_THAT([&] { read_collectives_csv(dir / "bad.csv"); },
               ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("bad.csv:2: a field is not a number")));
+  // A row of 0 hosts made `plan --collectives` divide by zero (SIGFPE); ranks not a multiple of hosts.
+  for (const std::string row : {"all_reduce,flat,1024,2,0,1,1,1", "all_reduce,flat,1024,3,2,1,1,1"}) {
+    const std::string bad = "collective,algorithm,bytes,ranks,hosts,time_us,algbw_gbps,busbw_gbps\n" + row + "\n";
+    write_file_atomic(dir / "bad.csv", std::vector<char>(bad.begin(), bad.end()));
+    EXPECT_THAT([&] { read_collectives_csv(dir / "bad.csv"); },
+                ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("bad.csv:2: hosts "))) << row;
+  }
 }
 
 // A real profiled run gives the step's phases; the plan extrapolates them, and on one host with
