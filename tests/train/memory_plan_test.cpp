@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "../dist/multi_rank.h"
+#include "../parallel/lent_group.h"
 #include "../test_util.h"
 #include "lockstep/core/tensor_memory.h"
 #include "lockstep/models/zoo.h"
@@ -37,7 +38,7 @@ parallel::MemoryReport strategy_memory(const train::TrainOptions& o, dist::Proce
   torch::manual_seed(0);
   auto model = models::make_model(o.model());
   auto strategy = parallel::make_strategy(*o.trainer().strategy(), torch::nn::AnyModule(model),
-                                          o.strategy_options(&group).reporter([](ReportKind, const std::string&) {}));
+                                          o.strategy_options(testing::lent(group)).reporter([](ReportKind, const std::string&) {}));
   const auto shape = models::input_shape(o.model());
   std::vector<int64_t> input{o.trainer().batch_size()};
   input.insert(input.end(), shape.begin(), shape.end());
