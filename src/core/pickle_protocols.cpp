@@ -165,14 +165,18 @@ bool PickleWalker::push_global(Text module, Text name, size_t at) {
 bool PickleWalker::memo_put(unsigned char op, size_t at, size_t& pos) {  // BINPUT, LONG_BINPUT, MEMOIZE
   uint64_t slot = memo_count_;  // MEMOIZE fills slot len(memo), as Python's unpickler does
   if (op != 0x94 && !little_endian(pos, op == 'q' ? 1 : 4, slot)) return false;
-  if (stack_.empty() || stack_.back().tag == Tag::kMark) return false;
+  // Python's and LibTorch's picklers memoize a value once, when it is made (a value fetched from
+  // the memo is not put again): a stream of MEMOIZEs would otherwise cost a slot per byte.
+  if (stack_.empty() || stack_.back().tag == Tag::kMark || stack_.back().memoized) return false;
   // Pickle numbers memo slots 0, 1, 2, ... as it fills them; LibTorch's unpickler grows its
   // memo table to the slot, so LONG_BINPUT 2^31 would allocate 32 GB (a fuzzer-found hang).
   if (slot > ops_.size() || slot >= std::numeric_limits<uint32_t>::max()) return false;
   if (slot >= memo_.size()) memo_.resize(static_cast<size_t>(slot) + 1);
   Memo& memo = memo_[static_cast<size_t>(slot)];
   memo_count_ += memo.defined ? 0 : 1;
-  memo = {stack_.back(), at, true};
+  Entry& top = stack_.back();
+  top.memoized = true;
+  memo = {top.a, at, top.id, top.tag, top.kind, true};
   if (stack_.back().tag == Tag::kOrderedDictClass) {
     ops_.back().action = Action::kDrop;
     changed_ = true;
@@ -188,8 +192,7 @@ bool PickleWalker::memo_get(unsigned char op, size_t at, size_t& pos) {  // BING
   uint64_t slot = 0;
   if (!little_endian(pos, op == 'h' ? 1 : 4, slot) || slot >= memo_.size() || !memo_[slot].defined) return false;
   const Memo& memo = memo_[static_cast<size_t>(slot)];
-  Entry value = memo.value;
-  value.start = at;
+  const Entry value{memo.tag, at, memo.id, memo.kind, memo.a, /*memoized=*/true};
   if (value.tag == Tag::kOrderedDictClass) {
     ops_.back().action = Action::kDrop;
     changed_ = true;
@@ -260,14 +263,15 @@ uint64_t PickleWalker::add_text(Text t) {
   return texts_.size() - 1;
 }
 
-void PickleWalker::write(std::vector<char>& out, const Op& op) const {
+// Op `op`, `size` bytes of in_, as the output holds it.
+void PickleWalker::write(std::vector<char>& out, const Op& op, size_t size) const {
   const auto copy = [&](size_t at, size_t n) {
     out.insert(out.end(), in_.begin() + static_cast<std::ptrdiff_t>(at),
                in_.begin() + static_cast<std::ptrdiff_t>(at + n));
   };
   switch (op.action) {
     case Action::kCopy:
-      return copy(op.at, op.size);
+      return copy(op.at, size);
     case Action::kDrop:
       return;
     case Action::kReplace:
@@ -284,7 +288,7 @@ void PickleWalker::write(std::vector<char>& out, const Op& op) const {
       return;
     }
     case Action::kUnicode:
-      return write_string(out, {op.at + 2, op.size - 2});
+      return write_string(out, {op.at + 2, size - 2});
     case Action::kMemoize:
       out.push_back(op.arg < 256 ? 'q' : 'r');
       return put_little_endian(out, op.arg, op.arg < 256 ? 1 : 4);

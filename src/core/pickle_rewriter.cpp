@@ -72,9 +72,9 @@ std::optional<size_t> PickleWalker::walk() {
   while (pos < in_.size()) {
     const size_t at = pos;
     const auto op = static_cast<unsigned char>(in_[pos++]);
-    ops_.push_back({at, 1});  // step() may set how the output writes it
+    ops_.push_back({at});  // step() may set how the output writes it
     if (!step(op, at, pos)) return at;
-    ops_.back().size = pos - at;
+    end_ = pos;
     if (op == '.') return std::nullopt;
   }
   return in_.size();
@@ -208,11 +208,12 @@ std::vector<char> PickleWalker::output() const {
   std::vector<char> out;
   out.reserve(in_.size() + 64);
   auto range = dropped_.begin();
-  for (const Op& op : ops_) {
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const Op& op = ops_[i];
     while (range != dropped_.end() && range->second < op.at) ++range;
     if (range != dropped_.end() && range->first <= op.at) continue;
     if (op.mark_before) out.push_back('(');
-    write(out, op);
+    write(out, op, (i + 1 < ops_.size() ? ops_[i + 1].at : end_) - op.at);
   }
   return out;
 }

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -31,17 +32,24 @@ class PickleWalker {
   enum class Tag : uint8_t { kMark, kOther, kOrderedDictClass, kOrderedDict };
   // What the walker knows of a scalar value, for STACK_GLOBAL, the memo and persistent ids.
   enum class Kind : uint8_t { kNone, kString, kGlobal, kInt };
-  struct Entry {
-    Tag tag;
-    size_t start;     // offset of the first opcode that built this value
-    uint32_t id = 0;  // index into depth_ of a container; 0 for scalars and strings
+  struct Entry {  // 24 bytes: a hostile pickle can hold one per byte on the stack
+    Entry() = default;
+    Entry(Tag tag, size_t start, uint32_t id = 0, Kind kind = Kind::kNone, uint64_t a = 0, bool memoized = false)
+        : start(start), a(a), id(id), tag(tag), kind(kind), memoized(memoized) {}
+    size_t start = 0;  // offset of the first opcode that built this value
+    uint64_t a = 0;    // kString: index into texts_; kGlobal: index of its module in texts_ (the
+                       // name follows); kInt: the value's bits
+    uint32_t id = 0;   // index into depth_ of a container; 0 for scalars and strings
+    Tag tag = Tag::kMark;
     Kind kind = Kind::kNone;
-    uint64_t a = 0;   // kString: index into texts_; kGlobal: index of its module in texts_
-                      // (the name follows); kInt: the value's bits
+    bool memoized = false;  // in the memo already: pickle memoizes a value once
   };
-  struct Memo {
-    Entry value;
+  struct Memo {  // a memoized value: the Entry memo_get pushes again, less its start
+    uint64_t a = 0;
     size_t defined_at = 0;  // offset of the BINPUT or MEMOIZE
+    uint32_t id = 0;
+    Tag tag = Tag::kMark;
+    Kind kind = Kind::kNone;
     bool defined = false;
   };
   struct Text {  // bytes of in_
@@ -60,9 +68,8 @@ class PickleWalker {
     kGlobal,   // STACK_GLOBAL as GLOBAL of texts_[Op::arg] and texts_[Op::arg + 1]
     kString,   // BINGET of a string left out, as BINUNICODE of texts_[Op::arg]
   };
-  struct Op {
-    size_t at;    // offset in in_
-    size_t size;  // bytes, opcode and argument
+  struct Op {     // 16 bytes: a hostile pickle holds one per byte
+    size_t at;    // offset in in_; the opcode ends where the next begins
     uint32_t arg = 0;
     Action action = Action::kCopy;
     bool mark_before = false;  // a MARK is written before it
@@ -103,7 +110,7 @@ class PickleWalker {
   void remember_persistent_id(std::vector<Entry> items, uint32_t tuple_id);
   bool claim_storage(const Entry& persistent_id);
   bool unsupported(unsigned char op);
-  void write(std::vector<char>& out, const Op& op) const;
+  void write(std::vector<char>& out, const Op& op, size_t size) const;
   void write_string(std::vector<char>& out, const Text& t) const;
   std::string text(const Text& t) const { return std::string(in_.data() + t.at, t.size); }
   std::string text(const Entry& e) const { return text(texts_[e.a]); }
@@ -111,10 +118,11 @@ class PickleWalker {
 
   std::vector<char> in_;
   std::optional<uint64_t> protocol_;  // from PROTO
-  std::vector<Entry> stack_;
-  std::vector<Memo> memo_;            // by slot
+  std::deque<Entry> stack_;
+  std::deque<Memo> memo_;             // by slot (a deque: no copy of it all as it grows)
   size_t memo_count_ = 0;             // slots defined: len(memo), the slot MEMOIZE fills
-  std::vector<Op> ops_;               // every opcode read, in order of offset
+  std::deque<Op> ops_;                // every opcode read, in order of offset
+  size_t end_ = 0;                    // offset after the last opcode read
   std::vector<Text> texts_;           // strings and globals' names the walker needs again
   std::map<size_t, size_t> dropped_;  // [first, last] offsets of opcodes left out, disjoint
   // Tuples ('storage', ...) of five values, by container id: persistent ids, once BINPERSID uses them.

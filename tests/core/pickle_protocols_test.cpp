@@ -18,6 +18,7 @@
 
 #include "../test_util.h"
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/process.h"
 #include "lockstep/core/torch_load.h"
 #include "lockstep/models/state_dict.h"
 
@@ -84,6 +85,30 @@ for name, value in (('checkpoint', checkpoint), ('state_dict', model.state_dict(
             f.write(' '.join(sorted({op.name for op, _, _ in pickletools.genops(pickle)})))
 torch.save({'t': torch.zeros(3, dtype=torch.uint16)}, f'{out}/uint16_4.pt', pickle_protocol=4)
 )PY";
+
+// A zip archive as torch.save writes it around `pickle`.
+std::vector<char> archive(const std::string& pickle) {
+  std::vector<char> bytes;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+    bytes.insert(bytes.end(), static_cast<const char*>(data), static_cast<const char*>(data) + n);
+    return n;
+  });
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  writer.writeEndOfFile();
+  return bytes;
+}
+
+// Python and LibTorch memoize a value once; a stream of 20 M MEMOIZEs (20 MB) took 2.6 GB in the
+// walker and LibTorch's unpickler (a memo slot per byte). A second put of one value is refused.
+TEST(PickleProtocols, AValueMemoizedTwiceIsRefusedBeforeTheMemoGrows) {
+  const double before = peak_rss_mib();
+  const std::string memoizes = "\x80\x04N"s + std::string(20 << 20, '\x94') + ".";
+  EXPECT_THAT(testing::error_message([&] { torch_load(archive(memoizes)); }),
+              HasSubstr("its pickle (data.pkl, protocol 4) is malformed at byte 4 of 20971524 (opcode 0x94 MEMOIZE)"));
+  EXPECT_LT(peak_rss_mib() - before, 200.0);  // the archive and its copies, ~80 MB
+  EXPECT_THAT(testing::error_message([&] { torch_load(archive("\x80\x02Nq\x00h\x00q\x01\x86."s)); }),
+              HasSubstr("its pickle (data.pkl, protocol 2) is malformed at byte 7 of 11 (opcode 0x71 BINPUT)"));
+}
 
 // Where `v` differs from `e`, a value as the script's tree() writes it; empty when they are equal.
 std::string difference(const c10::IValue& v, const nlohmann::json& e, const std::string& at) {
@@ -179,18 +204,6 @@ TEST(PickleProtocols, CheckpointsAndStateDictsOfEveryProtocolLoadAsPythonWroteTh
                         "which LibTorch's unpickler does not read; torch.save writes one for tensors of dtypes"));
 }
 
-// A zip archive as torch.save writes it around `pickle`.
-std::vector<char> archive(const std::string& pickle) {
-  std::vector<char> bytes;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
-    bytes.insert(bytes.end(), static_cast<const char*>(data), static_cast<const char*>(data) + n);
-    return n;
-  });
-  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
-  writer.writeEndOfFile();
-  return bytes;
-}
-
 TEST(PickleProtocols, HostileStreamsAreRefusedNamingTheOpcodeAndTheProtocol) {
   struct Case {
     const char* what;
@@ -202,7 +215,8 @@ TEST(PickleProtocols, HostileStreamsAreRefusedNamingTheOpcodeAndTheProtocol) {
       {"STACK_GLOBAL of two ints", "\x80\x04K\x01K\x02\x93."s,
        p4 + "has a STACK_GLOBAL that does not follow two strings (a module and a name) (byte 6 of 8)"},
       {"STACK_GLOBAL of one string", "\x80\x04\x8c\x01" "a\x93."s, p4 + "has a STACK_GLOBAL that does not follow"},
-      {"STACK_GLOBAL naming a newline", "\x80\x04\x8c\x02" "a\n\x8c\x01" "b\x93."s, p4 + "has a STACK_GLOBAL naming a module or class with a newline (byte 9 of 11)"},
+      {"STACK_GLOBAL naming a newline", "\x80\x04\x8c\x02" "a\n\x8c\x01" "b\x93."s,
+       p4 + "has a STACK_GLOBAL naming a module or class with a newline (byte 9 of 11)"},
       {"MEMOIZE on an empty stack", "\x80\x04\x94."s, p4 + "is malformed at byte 2 of 4 (opcode 0x94 MEMOIZE)"},
       {"MEMOIZE on a MARK", "\x80\x04(\x94K\x01t."s, p4 + "is malformed at byte 3 of 8 (opcode 0x94 MEMOIZE)"},
       {"a FRAME past the end", "\x80\x04\x95\x00\x10\x00\x00\x00\x00\x00\x00K\x01."s,
