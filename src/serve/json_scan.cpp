@@ -92,7 +92,7 @@ size_t read_number_array(const char* text, size_t n, size_t i, std::vector<float
 
 }  // namespace
 
-ScannedBody scan_body(const char* text, size_t n) {
+ScannedBody scan_body(const char* text, size_t n, size_t max_inputs) {
   struct Frame {
     bool object;
     std::string key;  // an object's current key (raw bytes between the quotes)
@@ -107,11 +107,13 @@ ScannedBody scan_body(const char* text, size_t n) {
     if (c == '"') {
       const size_t start = ++i;
       while (i < n && text[i] != '"') i += text[i] == '\\' ? 2 : 1;
+      scanned.balanced = scanned.balanced && i < n;
       if (at_key && !stack.empty()) stack.back().key.assign(text + start, std::min(i, n) - start), at_key = false;
       ++i;
     } else if (c == '{' || c == '[') {
       const bool input_data = c == '[' && stack.size() == 3 && stack[0].object && stack[0].key == "inputs" &&
-                              !stack[1].object && stack[2].object && stack[2].key == "data";
+                              !stack[1].object && stack[2].object && stack[2].key == "data" &&
+                              scanned.input_entries <= max_inputs;
       std::vector<float> values;
       Layout layout;
       const size_t end = input_data ? read_number_array(text, n, i, values, layout) : 0;
@@ -124,22 +126,27 @@ ScannedBody scan_body(const char* text, size_t n) {
         copied = i = end;
         continue;
       }
+      if (c == '[' && stack.size() == 1 && stack[0].object && stack[0].key == "inputs") scanned.input_entries = 1;
       stack.push_back({c == '{', "", 0});
       at_key = c == '{';
       ++i;
     } else if (c == '}' || c == ']') {
+      scanned.balanced = scanned.balanced && !stack.empty() && stack.back().object == (c == '}');
       if (!stack.empty()) stack.pop_back();
       at_key = false;
       ++i;
     } else if (c == ',') {
       if (!stack.empty() && stack.back().object) at_key = true;
       if (!stack.empty() && !stack.back().object) ++stack.back().index;
+      if (stack.size() == 2 && !stack[1].object && stack[0].object && stack[0].key == "inputs")
+        scanned.input_entries = stack[1].index + 1;
       ++i;
     } else {
       ++i;
     }
   }
-  scanned.json.append(text + copied, n - copied);
+  scanned.balanced = scanned.balanced && stack.empty();
+  if (scanned.input_entries <= max_inputs || !scanned.balanced) scanned.json.append(text + copied, n - copied);
   return scanned;
 }
 

@@ -33,7 +33,8 @@ struct Layout {
 // copy of the JSON that the DOM parser then reads. Anything else in that place (a string, a
 // number JSON does not allow, one out of double's range) is left in the text, so the DOM parser and
 // flatten() report it as before (a parse error is reported from the body as sent): the fast path
-// changes speed, never a result or a message. Integer inputs, which a float cannot hold exactly,
+// changes speed, never a result or a message. (The scan also counts the inputs, so that a body
+// with more of them than the model takes is refused before a DOM is built: parse_infer_request.) Integer inputs, which a float cannot hold exactly,
 // are read again from their span of the body.
 struct ScannedBody {
   std::string json;                         // the body with each extracted data array as null
@@ -41,10 +42,17 @@ struct ScannedBody {
   std::vector<Layout> layouts;              // how each was nested
   std::vector<size_t> input_index;          // which input each extracted array belongs to
   std::vector<std::pair<size_t, size_t>> spans;  // where each is in the body: [begin, end) bytes
+  // The elements of the top-level "inputs" array as its commas count them (1 for an array without
+  // a comma, empty or not; of the last such array, the one a DOM keeps): known before any DOM.
+  size_t input_entries = 0;
+  // Every string closed, every bracket closed by its kind and nothing left open: a body cut short
+  // or mis-nested is not, and goes to the DOM parser to be reported as malformed.
+  bool balanced = true;
 };
 
 // See Note [Reading tensor data without a JSON DOM]. Malformed JSON is copied as it is, for the
-// DOM parser to report.
-ScannedBody scan_body(const char* text, size_t n);
+// DOM parser to report. Past `max_inputs` entries of "inputs" (a request the caller refuses) the
+// scan only counts them, and a balanced body is not copied into `json`.
+ScannedBody scan_body(const char* text, size_t n, size_t max_inputs);
 
 }  // namespace lockstep::serve::json_scan

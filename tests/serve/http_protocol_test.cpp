@@ -191,6 +191,8 @@ TEST(HttpProtocol, EveryMalformedRequestIsA400NamingTheProblem) {
   const std::string ok_input = R"("name":"input","shape":[1,1,2,2],"datatype":"FP32")";
   const std::string header12 = "{\"inputs\":[{" + ok_input + ",\"parameters\":{\"binary_data_size\":12}}]}";
   const std::string header16 = "{\"inputs\":[{" + ok_input + ",\"parameters\":{\"binary_data_size\":16}}]}";
+  const std::string data_and_binary =
+      "{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,4],\"parameters\":{\"binary_data_size\":16}}]}";
   struct Case {
     std::string body;
     std::optional<size_t> header_length;
@@ -228,6 +230,10 @@ TEST(HttpProtocol, EveryMalformedRequestIsA400NamingTheProblem) {
       {header16 + std::string(10, 'x'), header16.size(),
        "the body holds 10 bytes after the JSON header"},
       {"{}", 500, "Inference-Header-Content-Length 500 is more than the body's 2 bytes"},
+      // both kinds of data: Triton refuses them; the JSON was silently ignored before
+      {data_and_binary + std::string(16, 'x'), data_and_binary.size(),
+       "input 'input' has both \"data\" and parameters.binary_data_size"},
+      {data_and_binary, std::nullopt, "input 'input' has both \"data\" and parameters.binary_data_size"},
       // values: within FP32's range (1e39 was answered with nulls), nested as the shape or flat
       {"{\"inputs\":[{" + ok_input + ",\"data\":[1,2,3,1e39]}]}", std::nullopt,
        "value 3 is outside FP32's range"},
@@ -346,7 +352,10 @@ TEST(HttpProtocol, ABadInputOfASeveralInputModelIsA400NamingItAndWhatTheModelTak
   };
   const std::vector<Case> cases{
       {body(x0 + "," + x1), "the request lacks input 'INPUT__2'; model 'typed' takes 'INPUT__0', 'INPUT__1', 'INPUT__2'"},
-      {body(x0 + "," + x1 + "," + x2 + "," + x0), "input 'INPUT__0' is given twice"},
+      {body(x0 + "," + x1 + "," + x0), "input 'INPUT__0' is given twice"},
+      // more inputs than the model takes: refused by count before the DOM (each was read before)
+      {body(x0 + "," + x1 + "," + x2 + "," + x0),
+       "the request has 4 inputs; model 'typed' takes 3 ('INPUT__0', 'INPUT__1', 'INPUT__2'), each named once"},
       {body(x0 + "," + R"({"name":"INPUT__1","shape":[1,3],"datatype":"FP32","data":[1,2,3]})" + "," + x2),
        "input 'INPUT__1' has datatype \"FP32\"; model 'typed' takes INT64"},
       {body(x0 + "," + R"({"name":"INPUT__1","shape":[1,3],"datatype":"INT64","data":[1,2.5,3]})" + "," + x2),
