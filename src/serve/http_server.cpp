@@ -2,13 +2,12 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
-#include <netdb.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -24,6 +23,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "http_listen.h"
+
 namespace lockstep::serve::http {
 namespace {
 
@@ -34,6 +35,7 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr auto kHousekeeping = std::chrono::milliseconds(50);
 constexpr int kWaitMs = 100;  // how often an idle thread looks whether the server has stopped
 constexpr auto kLinger = std::chrono::seconds(2);  // see Note [Lingering close]
+constexpr size_t kTrimAfterBytes = size_t{1} << 20;  // see Note [Returning a request's memory]
 
 // Note [Lingering close]
 // A socket closed with unread bytes in its receive buffer sends RST, and a client that gets the RST
@@ -68,46 +70,6 @@ Response plain_error(int status, const std::string& message) {
   r.content_type = "text/plain";
   r.body = message + "\n";
   return r;
-}
-
-// Enough file descriptors for `connections`: raises the soft limit towards the hard one if needed.
-void reserve_descriptors(size_t connections) {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
-  const rlim_t wanted = connections + 256;  // the repository's files, the metrics server, LibTorch
-  if (limit.rlim_cur >= wanted) return;
-  limit.rlim_cur = std::min(wanted, limit.rlim_max);
-  setrlimit(RLIMIT_NOFILE, &limit);
-  TORCH_CHECK_VALUE(limit.rlim_cur >= wanted, "max_connections ", connections, " needs ", wanted,
-                    " file descriptors, but this process may open ", limit.rlim_max, " (ulimit -Hn): lower it");
-}
-
-int listen_on(const std::string& address, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  const int lookup = getaddrinfo(address.empty() ? nullptr : address.c_str(), service.c_str(), &hints, &found);
-  TORCH_CHECK(lookup == 0, "cannot listen on ", address, ":", port, ": ", gai_strerror(lookup));
-  int error = 0;
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    // SO_REUSEADDR only: a restarted server binds a port whose old connections are in TIME_WAIT,
-    // but never one another server listens on (SO_REUSEPORT would let the kernel split the requests).
-    const int yes = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) {
-      freeaddrinfo(found);
-      return fd;
-    }
-    error = errno;
-    ::close(fd);
-  }
-  freeaddrinfo(found);
-  TORCH_CHECK(false, "cannot listen on ", address, ":", port, ": ", std::strerror(error));
 }
 
 }  // namespace
@@ -156,6 +118,9 @@ struct HttpServer::Impl {
   void accept_all();
   Connection* claim(uint64_t id);
   void serve_connection(Connection& c);
+  // Handles the request `c` holds and writes the response: whether the connection stays open
+  // after it, or nullopt when the response could not be written.
+  std::optional<bool> answer(Connection& c);
   bool write_all(Connection& c, const std::string& head, const std::string& body);
   void release(Connection& c);
   void close(Connection& c);
@@ -169,6 +134,7 @@ struct HttpServer::Impl {
   int listen_fd = -1;
   int epoll_fd = -1;
   int port = 0;
+  bool loopback = false;  // bound to a loopback address
   std::mutex mutex;
   std::condition_variable wake;
   std::unordered_map<uint64_t, std::unique_ptr<Connection>> connections;
@@ -188,11 +154,8 @@ HttpServer::HttpServer(Handler handler, HttpServerOptions options)
                     o.idle_timeout_s, " s, write ", o.write_timeout_s, " s");
   reserve_descriptors(o.max_connections);
   impl_->listen_fd = listen_on(o.address, o.port);
-  sockaddr_storage bound{};
-  socklen_t length = sizeof(bound);
-  getsockname(impl_->listen_fd, reinterpret_cast<sockaddr*>(&bound), &length);
-  impl_->port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                                  : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  impl_->port = bound_port(impl_->listen_fd);
+  impl_->loopback = bound_to_loopback(impl_->listen_fd);
   impl_->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   TORCH_CHECK(impl_->epoll_fd >= 0, "epoll_create1: ", std::strerror(errno));
   epoll_event listener{};
@@ -205,6 +168,8 @@ HttpServer::HttpServer(Handler handler, HttpServerOptions options)
 HttpServer::~HttpServer() = default;
 
 int HttpServer::port() const { return impl_->port; }
+
+bool HttpServer::loopback_only() const { return impl_->loopback; }
 
 void HttpServer::stop() {
   impl_->stopping = true;
@@ -288,18 +253,9 @@ void HttpServer::Impl::serve_connection(Connection& c) {
       return close(c);
     }
     if (c.parser.status() == RequestParser::Status::kComplete) {
-      const Request request = c.parser.take();
-      Response response;
-      try {
-        response = handler(request);
-      } catch (const c10::Error& e) {
-        response = error_response(500, e.what_without_backtrace());
-      } catch (const std::exception& e) {
-        response = error_response(500, e.what());
-      }
-      const bool keep_alive = request.keep_alive() && !response.close && !stopping;
-      if (!write_all(c, response_head(response, keep_alive, request.minor_version), response.body)) return close(c);
-      if (!keep_alive) {  // the client may have sent more (pipelined): see Note [Lingering close]
+      const std::optional<bool> keep_alive = answer(c);
+      if (!keep_alive) return close(c);
+      if (!*keep_alive) {  // the client may have sent more (pipelined): see Note [Lingering close]
         c.half_close();
         continue;
       }
@@ -323,6 +279,29 @@ void HttpServer::Impl::serve_connection(Connection& c) {
       return close(c);  // the client hung up (0) or the connection failed
     }
   }
+}
+
+std::optional<bool> HttpServer::Impl::answer(Connection& c) {
+  size_t bytes = 0;  // of the request's body and the response's
+  std::optional<bool> keep_alive;
+  {
+    const Request request = c.parser.take();
+    Response response;
+    try {
+      response = handler(request);
+    } catch (const c10::Error& e) {
+      response = error_response(500, e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      response = error_response(500, e.what());
+    }
+    bytes = request.body.size() + response.body.size();
+    keep_alive = request.keep_alive() && !response.close && !stopping;
+    if (!write_all(c, response_head(response, *keep_alive, request.minor_version), response.body)) keep_alive.reset();
+  }
+#ifdef __GLIBC__
+  if (bytes >= kTrimAfterBytes) malloc_trim(0);  // the request is freed: see Note [Returning a request's memory]
+#endif
+  return keep_alive;
 }
 
 bool HttpServer::Impl::write_all(Connection& c, const std::string& head, const std::string& body) {

@@ -50,6 +50,20 @@ struct HttpServerOptions {
 // request is in. Time is bounded per request, not per read (a request trickled over 30 s gets 408),
 // idle keep-alive connections are closed after idle_timeout_s, and the number of open connections
 // is capped with a 503 past it. The listen backlog is the kernel's maximum.
+//
+// Note [Returning a request's memory]
+// glibc gives threads arenas of their own, and what a request's handling frees stays in its
+// arena: a 60 MB infer request of 10^6 inputs, read into a JSON DOM of ~0.9 GB and refused, left
+// that much resident in every HTTP thread that had handled one (446 MiB -> 4.4 GiB after six,
+// 2026-12-01). So a thread that has answered a request whose body or response was 1 MiB or more
+// calls malloc_trim(0), which gives back the free pages of every arena (~3% of the parse's time:
+// ~100 ms after a 4 s parse; microseconds when there is nothing to give), after the response is
+// written so that the client does not wait for it. What malloc_trim cannot reach is the top of a
+// thread's arena, which glibc shrinks on free() only past its trim threshold (raised from 128 KiB
+// up to 64 MiB as it unmaps large blocks): that much at most stays per arena and the next request
+// there reuses it (tests/serve/server_limits_test.cpp: +33 to +130 MiB over 4 threads, +850 MiB
+// before; GLIBC_TUNABLES=glibc.malloc.trim_threshold=1048576 fixes the threshold and leaves +2 MiB).
+// A smaller request reuses what its thread kept.
 class HttpServer {
  public:
   // Binds and listens; throws c10::Error naming the address and port when it cannot.
@@ -59,6 +73,8 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   int port() const;
+  // Whether it listens on a loopback address only (127.0.0.0/8, ::1), out of other hosts' reach.
+  bool loopback_only() const;
   // Serves until stop(); then answers the requests already read, closes every connection and returns.
   void serve();
   // Stops accepting connections and ends serve() once the requests in flight are answered (any
