@@ -4,6 +4,8 @@
 #include <c10/util/StringUtil.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <regex>
@@ -33,11 +35,22 @@ bool same_secret(const std::string& a, const std::string& b) {
   return difference == 0;
 }
 
+// "Authorization: Bearer <token>", the scheme in any case and one or more spaces after it (RFC
+// 7235 section 2.1; curl, Go and Python clients send "Bearer", some proxies "bearer"). Neither
+// message repeats what was sent: a token sent with the wrong scheme is still a secret.
 void check_token(const std::string& token, const http::Request& req) {
   if (token.empty()) return;
   const std::string* given = req.header("authorization");
   if (given == nullptr) throw HttpError(401, "this server needs \"Authorization: Bearer <token>\"");
-  if (!same_secret(*given, "Bearer " + token)) throw HttpError(401, "the bearer token is not this server's");
+  const size_t space = std::min(given->find(' '), given->size());
+  const bool bearer = space == 6 && std::equal(given->begin(), given->begin() + 6, "bearer", [](char a, char b) {
+    return std::tolower(static_cast<unsigned char>(a)) == b;
+  });
+  if (!bearer)
+    throw HttpError(401, "the Authorization header's scheme is not Bearer; this server needs \"Authorization: "
+                         "Bearer <token>\"");
+  const size_t start = std::min(given->find_first_not_of(' ', space), given->size());
+  if (!same_secret(given->substr(start), token)) throw HttpError(401, "the bearer token is not this server's");
 }
 
 std::string public_reason(const ServiceState& state, const std::string& reason) {

@@ -57,6 +57,16 @@ std::unique_ptr<http::HttpServer> listen(http::Handler handler, http::HttpServer
   }
 }
 
+// Why a server listening on `address` without a token is open to other hosts (metrics_port 0: none).
+std::string exposure_warning(const std::string& address, int http_port, int metrics_port) {
+  const std::string ports = metrics_port != 0 ? "the HTTP port " + std::to_string(http_port) + " and the metrics port " +
+                                                    std::to_string(metrics_port) + " listen"
+                                              : "the HTTP port " + std::to_string(http_port) + " listens";
+  return ports + " on " + address + " (beyond loopback) without an auth token: any host that can connect may run " +
+         "inference and read the models' metadata and metrics; give the server an auth token, or listen on a " +
+         "loopback address such as 127.0.0.1";
+}
+
 }  // namespace
 
 void block_shutdown_signals() {
@@ -103,6 +113,8 @@ Server::Server(ModelRepository& repository, ServerOptions options)
                             http_options(o, o.metrics_port(), kMetricsThreads), "the metrics port");
     metrics_port_ = impl_->metrics->port();
   }
+  if (o.auth_token().empty() && !impl_->http->loopback_only())
+    warnings_.push_back(exposure_warning(o.http_address(), http_port_, impl_->metrics ? metrics_port_ : 0));
 }
 
 Server::~Server() {
@@ -152,6 +164,7 @@ int Server::run(std::ostream& log) {
   log << "lockstep serve: KServe v2 HTTP on http://" << address << ":" << http_port_;
   if (impl_->metrics) log << ", metrics on http://" << address << ":" << metrics_port_ << "/metrics";
   log << std::endl;
+  for (const std::string& warning : warnings_) log << "lockstep serve: warning: " << warning << std::endl;
   impl_->http->serve();  // returns once stopped and every request read is answered
   served = true;
   signal_thread.join();

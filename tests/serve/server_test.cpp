@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <sstream>
+#include <tuple>
 
 #include "lockstep/data/dataset.h"
 #include "lockstep/export/weights_file.h"
@@ -212,6 +214,36 @@ TEST_F(ServeTest, LibraryErrorsNameTheOptionsNotTheCliFlags) {
     EXPECT_THAT(message, HasSubstr(expected));
     EXPECT_THAT(message, ::testing::Not(HasSubstr("--"))) << message;
   }
+}
+
+// Listening beyond loopback without a token lets any host that can connect infer and read the
+// metadata and metrics: the server says so in the log run() writes, which `lockstep serve` prints
+// (before: not a word, for the HTTP port nor the metrics port).
+TEST_F(ServeTest, ListeningBeyondLoopbackWithoutATokenIsWarnedOfInTheLog) {
+  const auto served = [&](const serve::ServerOptions& o) {
+    const auto repo = serve::ModelRepository::single(serve::default_model_config("convnet"), weights(),
+                                                     serve::RepositoryOptions().threads(1));
+    serve::Server server(*repo, serve::ServerOptions(o).http_port(0).metrics_port(0));
+    server.stop();  // run() then starts, writes its log and ends at once
+    std::ostringstream log;
+    EXPECT_EQ(server.run(log), 0);
+    EXPECT_EQ(server.warnings().size(), log.str().find("warning") == std::string::npos ? 0u : 1u) << log.str();
+    return std::make_tuple(server.warnings(), log.str(), server.http_port(), server.metrics_port());
+  };
+  const auto [warnings, log, http, metrics] = served(serve::ServerOptions().http_address("0.0.0.0"));
+  ASSERT_EQ(warnings.size(), 1u) << log;
+  const std::string expected = "the HTTP port " + std::to_string(http) + " and the metrics port " +
+                               std::to_string(metrics) + " listen on 0.0.0.0 (beyond loopback) without an auth token";
+  EXPECT_THAT(warnings[0], HasSubstr(expected));
+  EXPECT_THAT(warnings[0], ::testing::Not(HasSubstr("--")));  // a library names no CLI flag
+  EXPECT_THAT(log, HasSubstr("lockstep serve: warning: " + expected));
+  const auto [alone, alone_log, alone_http, none] =
+      served(serve::ServerOptions().http_address("0.0.0.0").allow_metrics(false));
+  ASSERT_EQ(alone.size(), 1u) << alone_log;
+  EXPECT_THAT(alone[0], HasSubstr("the HTTP port " + std::to_string(alone_http) + " listens on 0.0.0.0"));
+  EXPECT_TRUE(std::get<0>(served(serve::ServerOptions().http_address("0.0.0.0").auth_token("0123456789abcdef"))).empty());
+  for (const char* loopback : {"127.0.0.1", "127.0.0.2", "localhost"})
+    EXPECT_TRUE(std::get<0>(served(serve::ServerOptions().http_address(loopback))).empty()) << loopback;
 }
 
 }  // namespace

@@ -16,7 +16,8 @@ struct ServiceState {
   std::atomic<bool> shutting_down{false};  // set on SIGTERM: /v2/health/ready answers 503
   bool strict_readiness = true;            // ready only when every model is (Triton's default)
   // When set, every endpoint but /v2/health/live and /v2/health/ready (the probes an orchestrator
-  // sends without credentials) needs "Authorization: Bearer <auth_token>"; otherwise 401.
+  // sends without credentials) needs "Authorization: Bearer <auth_token>" (the scheme in any case,
+  // as RFC 7235 has it); otherwise 401.
   std::string auth_token;
   // Why a model is not ready, as clients see it: with the repository's own paths relative to it
   // and any other file named by its name alone, unless verbose_errors (the server's log always has

@@ -5,6 +5,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "lockstep/serve/model_repository.h"
 
@@ -50,6 +51,10 @@ class Server {
 
   int http_port() const { return http_port_; }
   int metrics_port() const { return metrics_port_; }
+  // What an operator should know before serving: one line when the ports listen beyond loopback
+  // (0.0.0.0, ::, an interface's address) without an auth_token, so that any host that reaches
+  // them may infer and read metadata and metrics; none otherwise. run() writes them to its log.
+  const std::vector<std::string>& warnings() const { return warnings_; }
 
   // Serves until SIGTERM or SIGINT (or stop()), then shuts down as Note [Graceful shutdown] says.
   // Returns the exit code. `log` gets one line when serving starts and a few at shutdown.
@@ -62,6 +67,7 @@ class Server {
   std::unique_ptr<Impl> impl_;
   int http_port_ = 0;
   int metrics_port_ = 0;
+  std::vector<std::string> warnings_;
 };
 
 }  // namespace lockstep::serve
