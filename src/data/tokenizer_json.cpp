@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "lockstep/core/atomic_file.h"
+#include "lockstep/core/fnv1a.h"
 #include "lockstep/data/tokenizer.h"
 
 namespace lockstep::data {
@@ -129,11 +130,7 @@ std::string Tokenizer::to_json() const {
 }
 
 std::string Tokenizer::fingerprint() const {
-  uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a's offset basis and prime
-  for (const char c : to_json()) hash = (hash ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
-  return std::to_string(size()) + " tokens, fnv1a64 " + hex;
+  return std::to_string(size()) + " tokens, fnv1a64 " + fnv1a64_hex(to_json());
 }
 
 void Tokenizer::save(const std::string& path) const {

@@ -4,8 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <map>
+
+#include "lockstep/core/fnv1a.h"
 
 namespace lockstep::launch {
 namespace {
@@ -48,13 +49,7 @@ std::string command_bytes(const std::vector<std::string>& program, const EnvVars
   return out;
 }
 
-std::string derived_id(const std::string& command) {
-  uint64_t hash = 14695981039346656037ull;  // FNV-1a: the same on every host and build
-  for (const unsigned char c : command) hash = (hash ^ c) * 1099511628211ull;
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(hash));
-  return std::string(text, 12);
-}
+std::string derived_id(const std::string& command) { return fnv1a64_hex(command).substr(0, 12); }
 
 std::string shown(const std::string& value) {
   if (value.size() <= kShown) return "'" + value + "'";
