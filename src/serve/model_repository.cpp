@@ -38,8 +38,8 @@ std::string shapes_text(const ModelConfig& config, const std::vector<TensorSpec>
   return c10::Join(", ", items);
 }
 
-// One instance: its own module loaded from `file` (see Note [Intra-op threads of instances]),
-// checked with one forward of a zero sample of each input as config.pbtxt declares it.
+// The module a version's instances share, loaded from `file` (see Note [Intra-op threads of
+// instances]) and checked with one forward of a zero sample of each input as config.pbtxt declares it.
 Batcher::Instance load_instance(const ModelConfig& config, const std::string& file) {
   Batcher::Instance instance;
   if (config.format == ModelFormat::kTorchScript) {
@@ -76,8 +76,8 @@ ServedVersion load_version(const ModelConfig& config, int64_t version, const std
   ServedVersion v;
   v.version = version;
   v.statistics = std::make_unique<ModelStatistics>();
-  std::vector<Batcher::Instance> instances;
-  for (int64_t i = 0; i < config.instance_count; ++i) instances.push_back(load_instance(config, weights));
+  // See Note [Intra-op threads of instances]: one module, loaded once, run by every instance.
+  std::vector<Batcher::Instance> instances(static_cast<size_t>(config.instance_count), load_instance(config, weights));
   v.batcher = std::make_unique<Batcher>(std::move(instances),
                                         BatcherOptions()
                                             .max_batch_size(config.max_batch_size)

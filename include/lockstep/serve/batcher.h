@@ -55,7 +55,8 @@ using Tensors = std::vector<torch::Tensor>;
 class Batcher {
  public:
   // One function per model instance: inputs, each (B, ...) -> outputs, each (B, ...); each is called
-  // from its own worker thread only, so an instance needs no lock of its own.
+  // from its own worker thread only, so an instance needs no lock of its own. Instances may run one
+  // shared module side by side (see Note [Intra-op threads of instances]).
   using Instance = std::function<Tensors(const Tensors&)>;
   // An instance of a model with one input and one output (the reference models).
   static Instance one_tensor(std::function<torch::Tensor(const torch::Tensor&)> forward);

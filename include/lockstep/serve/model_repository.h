@@ -55,10 +55,15 @@ struct ServedModel {
 // worker thread sets that share for itself before its first forward; since all instances set the
 // same value, the global default they race to write is the same too. Two instances thus run two
 // forwards side by side on threads/2 cores each rather than fighting over one pool.
-// Each instance owns its own copy of the module (weights loaded once per instance) and is only ever
-// called from its own worker thread, so nothing about module state is shared: what is relied on is
-// only that an eval-mode forward under NoGradGuard (infer::Predictor) writes nothing outside its
-// own outputs, which holds for the reference models (BatchNorm in eval reads its running stats).
+// The instances of a version share one module, loaded once: each runs it from its own worker
+// thread, side by side with the others. Triton's PyTorch backend loads a copy per instance, which
+// on one device buys nothing but memory: four instances of a 1 GB model held 4 GB (issue 53). What
+// sharing relies on is that an inference forward writes nothing outside its own outputs: an
+// eval-mode reference model under NoGradGuard (infer::Predictor; BatchNorm in eval reads its running
+// stats), and a TorchScript module under InferenceMode, whose interpreter keeps each call's values
+// on the calling thread's stack (its executor's plan is made once, under its own lock). A scripted
+// module that assigns to its own attributes in forward would race; Python's would too, run from
+// two threads.
 
 // A Triton-style model repository: DIR/<name>/config.pbtxt and DIR/<name>/<version>/model.pt.
 class ModelRepository {
