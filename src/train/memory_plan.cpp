@@ -359,7 +359,7 @@ MemoryPlan plan_memory(const TrainOptions& o, const MemoryPlanOptions& p) {
   p.validate();
   // See Note [Refusing absurd shapes]: before the data and any model are built.
   const int64_t local = p.local_ranks() > 0 ? p.local_ranks() : p.world_size();
-  check_model_size(o, available_memory(MemoryLimitOptions().local_ranks(local)));
+  check_model_size(o, p, available_memory(MemoryLimitOptions().local_ranks(local)));
   const SingleThreadGuard one_thread;  // See Note [Refusing fast]
   TrainOptions planned = o;
   planned.sync_bn(false);  // SyncBatchNorm holds what BatchNorm holds; the dry run has no group

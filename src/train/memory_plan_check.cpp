@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "lockstep/train/memory_plan.h"
+#include "memory_plan_layout.h"
 #include "memory_probe.h"
 
 namespace lockstep::train {
@@ -120,6 +121,36 @@ GptMiniCount gpt_mini_count(const TrainOptions& o) {
   return n;
 }
 
+// See Note [Refusing absurd shapes]: what each rank holds at least of the model's states under
+// `kind` on `world` ranks, in fp32 bytes, for `parameters` trained parameters.
+struct StatesBound {
+  double parameters = 0.0;
+  double gradients = 0.0;
+  double optimizer_state = 0.0;
+  double total() const { return parameters + gradients + optimizer_state; }
+};
+
+StatesBound states_bound(parallel::StrategyKind kind, amp::OptLevel level, double state_per_element,
+                         double parameters, int64_t world) {
+  using parallel::StrategyKind;
+  StatesBound b;
+  b.parameters = 4.0 * parameters;  // every rank builds the whole model in fp32 first
+  // O2 and O3 convert the weights after the build, which the bound does not model; fsdp and the
+  // pipeline keep a share of the parameters once built, so the build is their bound.
+  if (level != amp::OptLevel::kO0 && level != amp::OptLevel::kO1) return b;
+  if (kind == StrategyKind::kFsdp || kind == StrategyKind::kPipeline) return b;
+  const double shards = static_cast<double>(world);
+  b.gradients = kind == StrategyKind::kZero2 ? b.parameters / shards : b.parameters;
+  const bool sharded_state = kind == StrategyKind::kZero1 || kind == StrategyKind::kZero2;
+  b.optimizer_state = state_per_element * parameters / (sharded_state ? shards : 1.0);
+  return b;
+}
+
+std::string states_text(const StatesBound& b) {
+  return c10::str("parameters ", mib_text(b.parameters), ", gradients ", mib_text(b.gradients), ", optimizer state ",
+                  mib_text(b.optimizer_state), " MiB");
+}
+
 }  // namespace
 
 // See Note [Refusing absurd shapes].
@@ -128,19 +159,44 @@ double model_parameter_lower_bound(const TrainOptions& o) {
   return gpt_mini_count(o).total();
 }
 
-void check_model_size(const TrainOptions& o, const MemoryLimit& limit) {
+void check_model_size(const TrainOptions& o, const MemoryPlanOptions& p, const MemoryLimit& limit) {
   const double parameters = model_parameter_lower_bound(o);
+  if (parameters == 0.0) return;
   const double bytes = 4.0 * parameters;  // fp32, as every rank builds the model
-  if (bytes <= static_cast<double>(limit.bytes)) return;
   const GptMiniCount n = gpt_mini_count(o);
-  TORCH_CHECK_VALUE(false, o.model(), " with TrainOptions::n_layer ", o.n_layer(), ", TrainOptions::n_embd ",
-                    o.n_embd(), " and TrainOptions::max_length ", o.max_length(), " has at least ",
-                    count_text(parameters), " parameters before its token embedding (the position table, max_length x ",
-                    "n_embd: ", count_text(n.positions), "; the ", o.n_layer(), " blocks: ", count_text(n.blocks),
-                    "), ", mib_text(bytes), " MiB in fp32, which every rank builds whole before a strategy shards it: ",
-                    "more than the ", format_mib(limit.bytes), " MiB each rank may use (", limit.source,
-                    "). Lower TrainOptions::max_length (the context; longer entries are truncated to it), ",
-                    "TrainOptions::n_embd or TrainOptions::n_layer");
+  const std::string model = c10::str(o.model(), " with TrainOptions::n_layer ", o.n_layer(), ", TrainOptions::n_embd ",
+                                     o.n_embd(), " and TrainOptions::max_length ", o.max_length(), " has at least ",
+                                     count_text(parameters), " parameters before its token embedding (the position ",
+                                     "table, max_length x n_embd: ", count_text(n.positions), "; the ", o.n_layer(),
+                                     " blocks: ", count_text(n.blocks), ")");
+  const std::string lower = "Lower TrainOptions::max_length (the context; longer entries are truncated to it), "
+                            "TrainOptions::n_embd or TrainOptions::n_layer";
+  TORCH_CHECK_VALUE(bytes <= static_cast<double>(limit.bytes), model, ", ", mib_text(bytes), " MiB in fp32, which ",
+                    "every rank builds whole before a strategy shards it: more than the ", format_mib(limit.bytes),
+                    " MiB each rank may use (", limit.source, "). ", lower);
+  // The optimizer's state per element, from the run's own optimizer stepped over stand-ins.
+  const auto make = o.strategy_options(nullptr).optimizer();
+  const double per_element = static_cast<double>(optimizer_bytes(make, {{2}}) - optimizer_bytes(make, {{1}}));
+  const parallel::StrategyKind kind = o.resolved_strategy(p.world_size());
+  const amp::OptLevel level = o.resolved_opt_level();
+  const StatesBound states = states_bound(kind, level, per_element, parameters, p.world_size());
+  if (states.total() <= static_cast<double>(limit.bytes)) return;
+  std::vector<std::string> others;  // the sharding strategies on as many ranks, when there are several
+  if (p.world_size() > 1)
+    for (parallel::StrategyKind k : {parallel::StrategyKind::kZero1, parallel::StrategyKind::kZero2,
+                                     parallel::StrategyKind::kFsdp})
+      if (k != kind)
+        others.push_back(c10::str(parallel::to_string(k), " at least ",
+                                  mib_text(states_bound(k, level, per_element, parameters, p.world_size()).total()),
+                                  " MiB"));
+  TORCH_CHECK_VALUE(false, model, ": under ", parallel::to_string(kind), " at ", amp::to_string(level), " on ",
+                    p.world_size(), p.world_size() == 1 ? " rank" : " ranks", " each rank holds at least ",
+                    mib_text(states.total()), " MiB of model states before any activation (", states_text(states),
+                    "), more than the ", format_mib(limit.bytes), " MiB it may use (", limit.source, "). ",
+                    others.empty() ? std::string("On one rank every state is whole: more ranks under zero2 or fsdp "
+                                                 "share them")
+                                   : "Per rank on " + std::to_string(p.world_size()) + " ranks: " + c10::Join("; ", others),
+                    ". ", lower);
 }
 
 std::string memory_plan_refusal(const MemoryPlan& plan, const MemoryLimit& limit,

@@ -60,6 +60,9 @@ TrainResult train(const TrainOptions& given) {
   if (plan) one_thread.emplace();
   const int64_t before_data = plan ? warm_up() : 0;
   one_thread.reset();
+  const auto plan_options = MemoryPlanOptions().world_size(world.world_size).local_ranks(world.local_world_size);
+  const auto limit = [&] { return available_memory(MemoryLimitOptions().local_ranks(world.local_world_size)); };
+  if (plan) check_model_size(o, plan_options, limit());  // See Note [Refusing absurd shapes]: before the corpus is read
   ReferenceData data = o.text() ? make_text_data(o) : make_image_data(o);
   std::optional<PrecisionTiming> timing;  // --precision auto; see Note [Choosing the precision by timing it]
   if (o.precision() == Precision::kAuto) {
@@ -70,9 +73,7 @@ TrainResult train(const TrainOptions& given) {
     const SingleThreadGuard check_thread;
     ProcessMemory process;
     process.data = std::max<int64_t>(0, resident_bytes() - before_data);
-    const int64_t local_ranks = world.local_world_size;
-    check_memory_plan(o, MemoryPlanOptions().world_size(world.world_size).local_ranks(local_ranks), data, process,
-                      available_memory(MemoryLimitOptions().local_ranks(local_ranks)));
+    check_memory_plan(o, plan_options, data, process, limit());
     // The dry runs' blocks and high water are not the run's: See Note [Caching large CPU blocks].
     if (CachingCpuAllocator* caching = CachingCpuAllocator::installed()) caching->release_cached();
   }

@@ -128,7 +128,7 @@ TEST(MemoryPlanBounds, AModelWhoseParametersCannotFitIsRefusedBeforeItIsBuilt) {
   train::TrainOptions o = gpt_mini_run();
   o.max_length(1'000'000'000);
   const train::MemoryLimit limit{int64_t{1} << 30, "a test's limit"};
-  EXPECT_THAT([&] { train::check_model_size(o, limit); },
+  EXPECT_THAT([&] { train::check_model_size(o, {}, limit); },
               ::testing::ThrowsMessage<c10::ValueError>(AllOf(
                   HasSubstr("gpt-mini with TrainOptions::n_layer 4, TrainOptions::n_embd 256 and "
                             "TrainOptions::max_length 1000000000 has at least 256003159552 parameters"),
@@ -136,15 +136,57 @@ TEST(MemoryPlanBounds, AModelWhoseParametersCannotFitIsRefusedBeforeItIsBuilt) {
                   HasSubstr("976574.6 MiB in fp32"), HasSubstr("more than the 1024.0 MiB each rank may use (a test's limit)"),
                   HasSubstr("Lower TrainOptions::max_length"))));
   o.max_length(128).n_embd(int64_t{1} << 40);  // 12 C^2 x 4 blocks: past 2^53, printed in powers of ten
-  EXPECT_THAT([&] { train::check_model_size(o, limit); },
+  EXPECT_THAT([&] { train::check_model_size(o, {}, limit); },
               ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("has at least 5.8e+25 parameters")));
   o.n_embd(256);
-  EXPECT_NO_THROW(train::check_model_size(o, limit));  // the default gpt-mini: 3.2 million
+  EXPECT_NO_THROW(train::check_model_size(o, {}, limit));  // the default gpt-mini: 3.2 million
   // The whole plan refuses as fast: with the machine's own memory, which holds no terabyte.
   o.max_length(1'000'000'000);
   const auto start = Clock::now();
   EXPECT_THAT([&] { train::plan_memory(o, {}); },
               ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("has at least 256003159552 parameters")));
+  EXPECT_LT(seconds_since(start), 1.0);
+}
+
+// n_embd 2048 over 4 blocks is 201 million parameters: 768 MiB in fp32 fits a 1 GiB limit, but
+// under local or ddp with SGD and momentum its parameters, gradients and momentum (2308 MiB) do
+// not; zero2 and fsdp on 4 ranks share them. Refused before a corpus is read (it does not exist
+// here) or a model built, with each strategy's bound. Before: the parameters alone were checked,
+// and the plan built the model and dry-ran it (n_embd 8192 on this host: minutes, 12 GiB).
+TEST(MemoryPlanBounds, AModelWhoseStatesCannotFitUnderItsStrategyIsRefusedBeforeItIsBuilt) {
+  train::TrainOptions o = gpt_mini_run();
+  o.n_embd(2048);  // lockstep train's SGD: momentum 0.9
+  const train::MemoryLimit limit{int64_t{1} << 30, "a test's limit"};
+  const double p = train::model_parameter_lower_bound(o);
+  ASSERT_EQ(p, 128.0 * 2048 + 4 * (12.0 * 2048 * 2048 + 13 * 2048) + 2 * 2048);  // 201,699,328
+  EXPECT_THAT([&] { train::check_model_size(o, {}, limit); },
+              ::testing::ThrowsMessage<c10::ValueError>(AllOf(
+                  HasSubstr("has at least 201699328 parameters"),
+                  HasSubstr("under local at O0 on 1 rank each rank holds at least 2308.3 MiB of model states before "
+                            "any activation (parameters 769.4, gradients 769.4, optimizer state 769.4 MiB), more than "
+                            "the 1024.0 MiB it may use (a test's limit)"),
+                  HasSubstr("more ranks under zero2 or fsdp share them"))));
+  EXPECT_THAT([&] { train::check_model_size(o, train::MemoryPlanOptions().world_size(4), limit); },
+              ::testing::ThrowsMessage<c10::ValueError>(AllOf(
+                  HasSubstr("under ddp at O0 on 4 ranks each rank holds at least 2308.3 MiB"),
+                  HasSubstr("Per rank on 4 ranks: zero1 at least 1731.2 MiB; zero2 at least 1154.1 MiB; fsdp at least "
+                            "769.4 MiB"))));
+  // Without momentum SGD keeps no state; Adam keeps two moments.
+  o.momentum(0.0);
+  EXPECT_THAT([&] { train::check_model_size(o, {}, limit); },
+              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("(parameters 769.4, gradients 769.4, optimizer state 0.0 MiB)")));
+  o.momentum(std::nullopt).optimizer(optim::OptimizerOptions(optim::OptimizerKind::kAdam, 0.001));
+  EXPECT_THAT([&] { train::check_model_size(o, {}, limit); },
+              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("optimizer state 1538.8 MiB")));
+  // What shards enough fits: fsdp on 4 ranks holds the build's 769 MiB, zero2 with Adam on 16 ranks 914 MiB.
+  o.trainer().strategy(parallel::StrategyKind::kFsdp);
+  EXPECT_NO_THROW(train::check_model_size(o, train::MemoryPlanOptions().world_size(4), limit));
+  o.trainer().strategy(parallel::StrategyKind::kZero2);
+  EXPECT_NO_THROW(train::check_model_size(o, train::MemoryPlanOptions().world_size(16), limit));
+  // The whole plan refuses as fast, with a limit a test sets: before the corpus is read.
+  o.trainer().strategy(parallel::StrategyKind::kLocal);
+  const auto start = Clock::now();
+  EXPECT_THROW(train::check_model_size(o, {}, limit), c10::ValueError);
   EXPECT_LT(seconds_since(start), 1.0);
 }
 

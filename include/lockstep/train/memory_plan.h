@@ -173,9 +173,15 @@ MemoryPlan plan_memory(const TrainOptions& o, const MemoryPlanOptions& p);
 // parameters), where the arithmetic of its configuration refuses it at once. Every rank builds the
 // whole model in fp32 before a strategy shards or converts it, and so does the plan's own dry run,
 // so the parameters' fp32 bytes are a lower bound on what each rank holds, whatever the strategy;
-// a model past that bound is refused before the data or the model is built. One within it is
-// planned by its dry run as any other (n_embd 4096: 0.8 billion parameters, 3 GiB, built and
-// stepped). gpt-mini's are counted from its
+// a model past that bound is refused before the data or the model is built. So is one whose
+// states per rank under the run's strategy cannot fit, before any activation: at O0 and O1, local,
+// dp and ddp hold the fp32 parameters, gradients and the optimizer's state (its bytes per element
+// from the run's own optimizer, stepped over stand-ins); zero1 a 1/world share of the state, zero2
+// of the gradients too; fsdp and the pipeline the build's parameters (they keep a share after it).
+// n_embd 8192 (3.2 billion parameters, 12 GiB) passed the first bound on a 24 GiB host, and the plan
+// went on to build it and dry-run it; its 36 GiB of local states are refused in 0.4 s. One within both is planned by its dry run
+// as any other (n_embd 4096 with SGD and momentum: 0.8 billion parameters, 9 GiB of states; the plan
+// of 11 GiB took 131 s of CPU, most of it the dry run's steps). gpt-mini's are counted from its
 // layers, width and context (models/gpt_mini.h lists its tensors): per block 12 C^2 + 13 C
 // (attention's 3C x C and C x C, the MLP's 4C x C and C x 4C, their biases, two LayerNorms), the
 // position table T x C and the final LayerNorm's 2 C. The token embedding is left out (its rows are
@@ -184,8 +190,9 @@ MemoryPlan plan_memory(const TrainOptions& o, const MemoryPlanOptions& p);
 // setting; a model file's size is not known before it is loaded: both count 0.
 double model_parameter_lower_bound(const TrainOptions& o);
 // Throws c10::ValueError naming the settings, the parameter count, its bytes, `limit` and what to
-// lower when model_parameter_lower_bound(o) x 4 bytes exceeds limit.bytes.
-void check_model_size(const TrainOptions& o, const MemoryLimit& limit);
+// lower when model_parameter_lower_bound(o) x 4 bytes exceeds limit.bytes, or when the model's
+// states per rank under o's strategy on p.world_size() ranks do (with the sharding strategies' bounds).
+void check_model_size(const TrainOptions& o, const MemoryPlanOptions& p, const MemoryLimit& limit);
 
 // What a refused run reads: why the plan does not fit `limit`, its largest rank's breakdown, and
 // the cheapest alternatives that fit (another strategy, activation checkpointing), as planned by
