@@ -84,7 +84,7 @@ InferResponse make_infer_response(const InferRequest& request, const ModelConfig
 }
 
 nlohmann::json server_metadata() {
-  return {{"name", "lockstep"}, {"version", "0.1.0"}, {"extensions", {"binary_tensor_data", "statistics"}}};
+  return {{"name", "lockstep"}, {"version", "0.1.0"}, {"extensions", {"binary_tensor_data", "statistics", "model_configuration"}}};
 }
 
 nlohmann::json model_metadata(const ModelConfig& config, const std::vector<int64_t>& versions) {
@@ -102,6 +102,39 @@ nlohmann::json model_metadata(const ModelConfig& config, const std::vector<int64
                                                                   : "lockstep_" + config.architecture},
           {"inputs", tensors(config.inputs)},
           {"outputs", tensors(config.outputs)}};
+}
+
+nlohmann::json model_config_json(const ModelConfig& config) {
+  auto tensors = [](const std::vector<TensorSpec>& specs) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const TensorSpec& t : specs) list.push_back({{"name", t.name}, {"data_type", "TYPE_" + t.datatype}, {"dims", t.dims}});
+    return list;
+  };
+  nlohmann::json policy;
+  switch (config.version_policy.kind) {
+    case VersionPolicyKind::kLatest: policy = {{"latest", {{"num_versions", config.version_policy.num_versions}}}}; break;
+    case VersionPolicyKind::kAll: policy = {{"all", nlohmann::json::object()}}; break;
+    case VersionPolicyKind::kSpecific: policy = {{"specific", {{"versions", config.version_policy.versions}}}}; break;
+  }
+  nlohmann::json c{{"name", config.name}};
+  if (config.format == ModelFormat::kTorchScript) {
+    c["platform"] = "pytorch_libtorch";
+    c["backend"] = "pytorch";
+  } else {
+    c["backend"] = "lockstep";
+  }
+  c["version_policy"] = policy;
+  c["max_batch_size"] = config.max_batch_size;
+  c["input"] = tensors(config.inputs);
+  c["output"] = tensors(config.outputs);
+  c["instance_group"] = {{{"name", config.name + "_0"}, {"kind", "KIND_CPU"}, {"count", config.instance_count}}};
+  if (config.dynamic_batching) {
+    nlohmann::json queue{{"max_queue_size", config.max_queue_size}, {"default_timeout_microseconds", config.queue_timeout_us}};
+    c["dynamic_batching"] = {{"preferred_batch_size", config.preferred_batch_sizes},
+                             {"max_queue_delay_microseconds", config.max_queue_delay_us},
+                             {"default_queue_policy", queue}};
+  }
+  return c;
 }
 
 std::string error_body(const std::string& message) {

@@ -71,7 +71,7 @@ std::string public_reason(const ServiceState& state, const std::string& reason) 
 
 // /v2/models/{model}[/versions/{version}][/{action}], split.
 struct ModelPath {
-  std::string model, version, action;  // action: "", "ready", "stats" or "infer"
+  std::string model, version, action;  // action: "", "ready", "stats", "config" or "infer"
 };
 
 std::optional<ModelPath> model_path(std::string_view rest) {
@@ -88,8 +88,9 @@ std::optional<ModelPath> model_path(std::string_view rest) {
     next = 3;
   }
   if (next + 1 == parts.size()) m.action = parts[next];
-  if (parts.size() > next + 1 || (m.action != "" && m.action != "ready" && m.action != "stats" && m.action != "infer"))
-    return std::nullopt;
+  const bool known = m.action == "" || m.action == "ready" || m.action == "stats" || m.action == "config" ||
+                     m.action == "infer";
+  if (parts.size() > next + 1 || !known) return std::nullopt;
   return m;
 }
 
@@ -182,6 +183,7 @@ http::Response model_route(const ServiceState& state, const http::Request& req, 
   }
   if (path.action == "stats")
     return json_response(200, {{"model_stats", stats_of(*t.model, path.version.empty() ? nullptr : t.version)}});
+  if (path.action == "config") return json_response(200, model_config_json(*t.model->config));
   std::vector<int64_t> versions;
   for (const ServedVersion& v : t.model->versions)
     if (path.version.empty() || &v == t.version) versions.push_back(v.version);

@@ -8,8 +8,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <thread>
@@ -313,6 +314,32 @@ TEST_F(TorchScriptRepository, AModuleThatDoesNotFitItsConfigIsNamedWithWhatWasEx
   EXPECT_THAT(count, HasSubstr("'one_input/1/model.pt' has forward(__torch__.TwoInput self, Tensor image, Tensor "
                                "features) -> ((Tensor, Tensor)), which takes 2 argument(s), but config.pbtxt declares 1 "
                                "input(s): INPUT__0 (TYPE_FP32, dims [1, 28, 28])"));
+}
+
+// Triton's own HTTP client through its API (tests/serve/tritonclient_conformance.py): health,
+// server and model metadata, get_model_config, infer in JSON and binary with all, some or default
+// outputs, 16 async_infer requests at once over two instances, statistics counting what was
+// inferred, the repository index, and refusals with their statuses; each answer equals the module's
+// own in Python. Before: get_model_config got 404 (no /config endpoint).
+TEST_F(TorchScriptRepository, TritonsHttpClientWorksThroughItsApi) {
+  if (testing::run_command(std::string(LOCKSTEP_PYTHON) + " -c 'import tritonclient.http'").exit_code != 0)
+    GTEST_SKIP() << "tritonclient is not installed in the venv (scripts/bootstrap --test)";
+  const std::string token = "a-token-of-the-test-0123456789";
+  std::ofstream(dir_ / "token") << token << "\n";
+  std::filesystem::permissions(dir_ / "token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  testing::write_repository_model(repo_, "two_input", kTwoInputConfig, dir_ / "two_input.pt");
+  testing::ServeProcess server({"--model-repository", repo_, "--threads", "2", "--auth-token-file", dir_ / "token"},
+                               dir_ / "log");
+  ASSERT_TRUE(server.wait_ready()) << server.log();
+  const std::string script = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/serve/tritonclient_conformance.py";
+  const auto r = testing::run_command(std::string(LOCKSTEP_PYTHON) + " " + script + " " + server.url("") + " " +
+                                      (dir_ / "two_input.pt") + " " + token + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto report = nlohmann::json::parse(testing::last_json_line(r.output));
+  std::cout << "[ measured ] tritonclient " << report["tritonclient"].get<std::string>() << ", "
+            << report["checks"].size() << " checks\n";
+  EXPECT_EQ(report["checks"].size(), 12u);
+  for (const auto& [name, outcome] : report["checks"].items()) EXPECT_EQ(outcome, "ok") << name;
 }
 
 }  // namespace

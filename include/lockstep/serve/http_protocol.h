@@ -71,6 +71,10 @@ nlohmann::json server_metadata();
 // GET /v2/models/{m}[/versions/{v}]: every input and output, with -1 for the batch dimension
 // (none when max_batch_size is 0).
 nlohmann::json model_metadata(const ModelConfig& config, const std::vector<int64_t>& versions);
+// GET /v2/models/{m}[/versions/{v}]/config: the settings served, in the JSON form of Triton's
+// model_config.proto (its field names; integers as numbers, as Triton writes them), which
+// tritonclient's get_model_config() returns.
+nlohmann::json model_config_json(const ModelConfig& config);
 // {"error": message}
 std::string error_body(const std::string& message);
 

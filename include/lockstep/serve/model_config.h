@@ -54,8 +54,9 @@ struct ModelConfig {
   VersionPolicy version_policy;
 };
 
-// Instances of one model at most. Each is a copy of the weights and a thread of its own, loaded
-// before the server listens: a count of 10^6 grew memory by ~110 MB/s and never opened the port.
+// Instances of one model at most. Each is a thread of its own, started before the server listens
+// (they share one copy of the weights): a count of 10^6 grew memory by ~110 MB/s and never opened
+// the port.
 constexpr int64_t kMaxInstances = 64;
 
 // The `lockstep serve --model NAME` configuration: reference model `architecture` named after
