@@ -11,7 +11,7 @@ LIBTORCH ?= $(shell $(VENV)/bin/python -c 'import torch.utils; print(torch.utils
 FUZZ_BUILD_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS ?= idx state_dict checkpoint tfevents_round_trip tfevents_reader zip_checksum http_request model_config \
-                tokenizer_json run_log bench_matrix transform_spec csv accelerate_config
+                tokenizer_json run_log bench_matrix transform_spec csv accelerate_config deepspeed_config
 
 .PHONY: build configure demo test fuzz clean
 

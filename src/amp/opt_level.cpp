@@ -2,6 +2,7 @@
 
 #include <torch/nn/functional/batchnorm.h>
 #include <torch/nn/functional/conv.h>
+#include <torch/nn/functional/linear.h>
 #include <torch/nn/modules/batchnorm.h>
 
 #include <string>

@@ -5,11 +5,12 @@
 
 #include <algorithm>
 
+#include "../core/cpu_isa.h"
+
 namespace lockstep::models::norm_relu_pool_kernels {
 
 // What follows is compiled for AVX2 and FMA; everything else in lockstep keeps the baseline ISA.
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
+LOCKSTEP_AVX2_FMA_BEGIN
 
 namespace {
 
@@ -264,6 +265,6 @@ LOCKSTEP_INSTANTIATE(float)
 LOCKSTEP_INSTANTIATE(c10::BFloat16)
 #undef LOCKSTEP_INSTANTIATE
 
-#pragma GCC pop_options
+LOCKSTEP_AVX2_FMA_END
 
 }  // namespace lockstep::models::norm_relu_pool_kernels

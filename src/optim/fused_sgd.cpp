@@ -16,8 +16,7 @@ struct Hyper {
 };
 
 // What follows is compiled for AVX2 and FMA; call it only where cpu_has_avx2_fma() says so.
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
+LOCKSTEP_AVX2_FMA_BEGIN
 
 // The update of eight elements (the first `count` of them read and written), as LibTorch's SGD
 // computes it: d = g + wd * p; buf = buf * momentum, then buf + (1 - dampening) * d; nesterov
@@ -42,7 +41,7 @@ void sgd_update(float* p, const float* g, float* buf, int64_t n, const Hyper& h)
   }
 }
 
-#pragma GCC pop_options
+LOCKSTEP_AVX2_FMA_END
 
 bool plain_fp32(const torch::Tensor& t) {
   return t.defined() && t.device().is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == torch::kFloat &&

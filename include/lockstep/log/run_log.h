@@ -1,5 +1,6 @@
 #pragma once
 
+#include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 #include <torch/arg.h>
 
