@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -63,8 +64,10 @@ class Reader {
   c10::optional<int64_t> count(const json& parent, const char* key, const std::string& path) const {
     const c10::optional<double> v = number(parent, key, path);
     if (!v) return c10::nullopt;
-    TORCH_CHECK_VALUE(*v >= 1 && *v == static_cast<double>(static_cast<int64_t>(*v)), source_, ": ", path, " is ",
-                      *v, "; give a whole number of at least 1");
+    // Compared as doubles before the cast: a double past int64's range cast to it is undefined
+    // (the deepspeed_config fuzz target's 2.56e29 train_batch_size).
+    TORCH_CHECK_VALUE(*v >= 1 && *v < 9223372036854775808.0 && *v == std::floor(*v), source_, ": ", path, " is ", *v,
+                      "; give a whole number of at least 1 and below 2^63");
     return static_cast<int64_t>(*v);
   }
   // `enabled` of a section such as bf16: nullopt when the section or its value is missing or "auto".

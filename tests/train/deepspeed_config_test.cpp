@@ -15,6 +15,7 @@
 namespace lockstep::train {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using nlohmann::json;
 
@@ -232,6 +233,21 @@ TEST(DeepSpeedConfig, NumbersBeyondADoubleNameTheFileKeyAndLine) {
   EXPECT_THAT(error, HasSubstr("give a finite number"));
   std::ofstream(dir / "betas.json") << R"({"optimizer": {"params": {"betas": [0.9, -1e400]}}})";
   EXPECT_THAT(file_error(dir / "betas.json"), HasSubstr("line 1: optimizer.params.betas[1]: number overflow parsing"));
+}
+
+// A count past int64's range was cast to it before it was checked: undefined behaviour (found by
+// the deepspeed_config fuzz target under UBSan, fuzz/crashes/deepspeed_config/). Now compared as a
+// double first and refused naming the file and the key; 2^63 - 1024, a double below 2^63, is whole.
+TEST(DeepSpeedConfig, CountsPastInt64AreRefusedBeforeTheyAreCast) {
+  testing::TempDir dir;
+  for (const char* big : {"256444444444444444444444444444", "9223372036854775808", "1e19"}) {
+    std::ofstream(dir / "big.json") << "{\"train_batch_size\": " << big << "}";
+    EXPECT_THAT(file_error(dir / "big.json"),
+                AllOf(HasSubstr("big.json: train_batch_size is "), HasSubstr("give a whole number of at least 1 and below 2^63")))
+        << big;
+  }
+  std::ofstream(dir / "fraction.json") << R"({"train_batch_size": 8.5})";
+  EXPECT_THAT(file_error(dir / "fraction.json"), HasSubstr("train_batch_size is 8.5; give a whole number"));
 }
 
 // Nesting is refused past 100 levels while parsing, so a million levels cost no more than 100.
