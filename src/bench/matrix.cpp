@@ -10,6 +10,8 @@
 #include <set>
 #include <sstream>
 
+#include "../core/yaml_error.h"
+
 namespace lockstep::bench {
 
 std::vector<BenchConfig> default_matrix(int64_t cores) {
@@ -146,7 +148,7 @@ std::vector<BenchConfig> read_matrix(const std::string& path, int64_t cores) {
   try {
     root = YAML::LoadFile(path);
   } catch (const YAML::Exception& e) {
-    TORCH_CHECK_VALUE(false, "--matrix: ", path, ":", e.mark.line + 1, ": ", e.msg);
+    TORCH_CHECK_VALUE(false, "--matrix: ", path, ":", e.mark.line + 1, ": ", yaml_error_text(e));
   }
   const YAML::Node list = root.IsMap() ? root["configurations"] : root;
   TORCH_CHECK_VALUE(list && list.IsSequence() && list.size() > 0, "--matrix: ", path,
@@ -164,7 +166,7 @@ std::vector<BenchConfig> read_matrix(const std::string& path, int64_t cores) {
                         matrix.back().key, "' appears twice; keys name rows and must be unique");
     }
   } catch (const YAML::Exception& e) {  // what the checks above do not foresee still names the file
-    TORCH_CHECK_VALUE(false, "--matrix: ", path, ":", e.mark.line + 1, ": ", e.msg);
+    TORCH_CHECK_VALUE(false, "--matrix: ", path, ":", e.mark.line + 1, ": ", yaml_error_text(e));
   }
   return matrix;
 }

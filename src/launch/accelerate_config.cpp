@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "lockstep/launch/rendezvous.h"
+#include "../core/yaml_error.h"
 
 namespace lockstep::launch {
 namespace {
@@ -354,7 +355,7 @@ LaunchSettings accelerate_launch_settings(const std::string& path, const Acceler
     events.HandleNextDocument(checker);
     root = YAML::Load(text.str());
   } catch (const YAML::Exception& e) {
-    TORCH_CHECK_VALUE(false, path, " is not valid YAML (line ", e.mark.line + 1, "): ", e.msg);
+    TORCH_CHECK_VALUE(false, path, " is not valid YAML (line ", e.mark.line + 1, "): ", yaml_error_text(e));
   }
   TORCH_CHECK_VALUE(root.IsMap(), path, " is not an accelerate config: expected keys and values such as "
                     "distributed_type and num_processes");
@@ -374,7 +375,7 @@ LaunchSettings accelerate_launch_settings(const std::string& path, const Acceler
     }
   } catch (const YAML::Exception& e) {  // a value of a shape no check above expected (the fuzzer's
                                          // fsdp_config: a scalar), named with its file
-    TORCH_CHECK_VALUE(false, path, ", line ", e.mark.line + 1, ": ", e.msg);
+    TORCH_CHECK_VALUE(false, path, ", line ", e.mark.line + 1, ": ", yaml_error_text(e));
   }
   return reader.finish(options);
 }

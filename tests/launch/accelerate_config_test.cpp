@@ -119,6 +119,21 @@ TEST(AccelerateConfig, DuplicateKeysAreErrorsNamingBothLines) {
   EXPECT_EQ(r.env.at(kStrategyEnv), "ddp");
 }
 
+// yaml-cpp's parser recurses with a depth guard: a value nested a million levels deep (and 500,
+// past its guard) is refused naming the file, the line and the nesting. Before: "bad file", the
+// guard's message, which names neither.
+TEST(AccelerateConfig, NestingAMillionLevelsDeepIsRefusedNamingTheNesting) {
+  testing::TempDir dir;
+  for (const size_t levels : {size_t{500}, size_t{1000000}}) {
+    const std::string text = "distributed_type: MULTI_CPU\nx: " + std::string(levels, '[') + std::string(levels, ']') + "\n";
+    EXPECT_THAT(testing::error_message([&] { read(write(dir, text)); }),
+                HasSubstr("c.yaml is not valid YAML (line 2): collections nested deeper than yaml-cpp reads (about 500 "
+                          "levels)"))
+        << levels;
+  }
+  EXPECT_NO_THROW(read(write(dir, "distributed_type: MULTI_CPU\nx: " + std::string(100, '[') + std::string(100, ']') + "\n")));
+}
+
 // Values are bounded before they are used or echoed: a host name by RFC 1035's 253 bytes, any value
 // by a path's 4096; the error names the key and the length, never the value.
 TEST(AccelerateConfig, LongValuesAreRefusedByLengthWithoutEchoingThem) {
