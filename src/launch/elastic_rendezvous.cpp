@@ -22,6 +22,12 @@ constexpr milliseconds kPoll{20};            // how often a waiting node looks a
 constexpr milliseconds kProbe{300};          // how long a launcher may take to accept a connection
 constexpr milliseconds kSettle{500};         // see Note [Elastic rendezvous without a single point of failure]
 constexpr milliseconds kRequestTimeout{10000};  // one store request; beyond it the leader is gone
+// c10d's connect to an endpoint that accepts TCP (kProbe said so). Not kProbe: c10d looks up the
+// names of the addresses it connects to (getnameinfo), and with a slow resolver that took 5 s in the
+// connecting thread, before the connection was made; at 1 s every other 3-node round in the suite
+// lost its leader. An endpoint that accepts but never answers is still cut after the handshake
+// timeout (Note [Store requests that never end]).
+constexpr milliseconds kStoreConnect{10000};
 constexpr milliseconds kLeaveTimeout{10000};
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
@@ -77,7 +83,7 @@ ElasticRendezvous::Store ElasticRendezvous::reach(const std::string& endpoint) {
   Store store;
   std::string record;
   try {
-    store = connect_tcp_store(host, port, kProbe, std::min(kRequestTimeout, options_.timeout()));
+    store = connect_tcp_store(host, port, kStoreConnect, std::min(kRequestTimeout, options_.timeout()));
     if (!store->check({"job"})) return {};  // a launcher that has just started
     record = text(store->get("job"));
   } catch (const std::exception&) {
