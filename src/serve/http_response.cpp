@@ -84,7 +84,9 @@ InferResponse make_infer_response(const InferRequest& request, const ModelConfig
 }
 
 nlohmann::json server_metadata() {
-  return {{"name", "lockstep"}, {"version", "0.1.0"}, {"extensions", {"binary_tensor_data", "statistics", "model_configuration"}}};
+  return {{"name", "lockstep"},
+          {"version", "0.1.0"},
+          {"extensions", {"binary_tensor_data", "statistics", "model_configuration"}}};
 }
 
 nlohmann::json model_metadata(const ModelConfig& config, const std::vector<int64_t>& versions) {
@@ -107,14 +109,16 @@ nlohmann::json model_metadata(const ModelConfig& config, const std::vector<int64
 nlohmann::json model_config_json(const ModelConfig& config) {
   auto tensors = [](const std::vector<TensorSpec>& specs) {
     nlohmann::json list = nlohmann::json::array();
-    for (const TensorSpec& t : specs) list.push_back({{"name", t.name}, {"data_type", "TYPE_" + t.datatype}, {"dims", t.dims}});
+    for (const TensorSpec& t : specs)
+      list.push_back({{"name", t.name}, {"data_type", "TYPE_" + t.datatype}, {"dims", t.dims}});
     return list;
   };
+  const VersionPolicy& v = config.version_policy;
   nlohmann::json policy;
-  switch (config.version_policy.kind) {
-    case VersionPolicyKind::kLatest: policy = {{"latest", {{"num_versions", config.version_policy.num_versions}}}}; break;
+  switch (v.kind) {
+    case VersionPolicyKind::kLatest: policy = {{"latest", {{"num_versions", v.num_versions}}}}; break;
     case VersionPolicyKind::kAll: policy = {{"all", nlohmann::json::object()}}; break;
-    case VersionPolicyKind::kSpecific: policy = {{"specific", {{"versions", config.version_policy.versions}}}}; break;
+    case VersionPolicyKind::kSpecific: policy = {{"specific", {{"versions", v.versions}}}}; break;
   }
   nlohmann::json c{{"name", config.name}};
   if (config.format == ModelFormat::kTorchScript) {
@@ -129,7 +133,8 @@ nlohmann::json model_config_json(const ModelConfig& config) {
   c["output"] = tensors(config.outputs);
   c["instance_group"] = {{{"name", config.name + "_0"}, {"kind", "KIND_CPU"}, {"count", config.instance_count}}};
   if (config.dynamic_batching) {
-    nlohmann::json queue{{"max_queue_size", config.max_queue_size}, {"default_timeout_microseconds", config.queue_timeout_us}};
+    const nlohmann::json queue{{"max_queue_size", config.max_queue_size},
+                               {"default_timeout_microseconds", config.queue_timeout_us}};
     c["dynamic_batching"] = {{"preferred_batch_size", config.preferred_batch_sizes},
                              {"max_queue_delay_microseconds", config.max_queue_delay_us},
                              {"default_queue_policy", queue}};

@@ -195,7 +195,7 @@ void check_model_size(const TrainOptions& o, const MemoryPlanOptions& p, const M
                     "), more than the ", format_mib(limit.bytes), " MiB it may use (", limit.source, "). ",
                     others.empty() ? std::string("On one rank every state is whole: more ranks under zero2 or fsdp "
                                                  "share them")
-                                   : "Per rank on " + std::to_string(p.world_size()) + " ranks: " + c10::Join("; ", others),
+                                   : c10::str("Per rank on ", p.world_size(), " ranks: ", c10::Join("; ", others)),
                     ". ", lower);
 }
 

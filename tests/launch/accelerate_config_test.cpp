@@ -125,13 +125,15 @@ TEST(AccelerateConfig, DuplicateKeysAreErrorsNamingBothLines) {
 TEST(AccelerateConfig, NestingAMillionLevelsDeepIsRefusedNamingTheNesting) {
   testing::TempDir dir;
   for (const size_t levels : {size_t{500}, size_t{1000000}}) {
-    const std::string text = "distributed_type: MULTI_CPU\nx: " + std::string(levels, '[') + std::string(levels, ']') + "\n";
+    const std::string text =
+        "distributed_type: MULTI_CPU\nx: " + std::string(levels, '[') + std::string(levels, ']') + "\n";
     EXPECT_THAT(testing::error_message([&] { read(write(dir, text)); }),
                 HasSubstr("c.yaml is not valid YAML (line 2): collections nested deeper than yaml-cpp reads (about 500 "
                           "levels)"))
         << levels;
   }
-  EXPECT_NO_THROW(read(write(dir, "distributed_type: MULTI_CPU\nx: " + std::string(100, '[') + std::string(100, ']') + "\n")));
+  const std::string hundred = std::string(100, '[') + std::string(100, ']');
+  EXPECT_NO_THROW(read(write(dir, "distributed_type: MULTI_CPU\nx: " + hundred + "\n")));
 }
 
 // Values are bounded before they are used or echoed: a host name by RFC 1035's 253 bytes, any value

@@ -326,7 +326,8 @@ TEST_F(TorchScriptRepository, TritonsHttpClientWorksThroughItsApi) {
     GTEST_SKIP() << "tritonclient is not installed in the venv (scripts/bootstrap --test)";
   const std::string token = "a-token-of-the-test-0123456789";
   std::ofstream(dir_ / "token") << token << "\n";
-  std::filesystem::permissions(dir_ / "token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  namespace fs = std::filesystem;
+  fs::permissions(dir_ / "token", fs::perms::owner_read | fs::perms::owner_write);
   testing::write_repository_model(repo_, "two_input", kTwoInputConfig, dir_ / "two_input.pt");
   testing::ServeProcess server({"--model-repository", repo_, "--threads", "2", "--auth-token-file", dir_ / "token"},
                                dir_ / "log");

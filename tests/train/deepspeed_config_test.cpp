@@ -243,7 +243,8 @@ TEST(DeepSpeedConfig, CountsPastInt64AreRefusedBeforeTheyAreCast) {
   for (const char* big : {"256444444444444444444444444444", "9223372036854775808", "1e19"}) {
     std::ofstream(dir / "big.json") << "{\"train_batch_size\": " << big << "}";
     EXPECT_THAT(file_error(dir / "big.json"),
-                AllOf(HasSubstr("big.json: train_batch_size is "), HasSubstr("give a whole number of at least 1 and below 2^63")))
+                AllOf(HasSubstr("big.json: train_batch_size is "),
+                      HasSubstr("give a whole number of at least 1 and below 2^63")))
         << big;
   }
   std::ofstream(dir / "fraction.json") << R"({"train_batch_size": 8.5})";

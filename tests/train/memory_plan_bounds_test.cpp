@@ -174,7 +174,8 @@ TEST(MemoryPlanBounds, AModelWhoseStatesCannotFitUnderItsStrategyIsRefusedBefore
   // Without momentum SGD keeps no state; Adam keeps two moments.
   o.momentum(0.0);
   EXPECT_THAT([&] { train::check_model_size(o, {}, limit); },
-              ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("(parameters 769.4, gradients 769.4, optimizer state 0.0 MiB)")));
+              ::testing::ThrowsMessage<c10::ValueError>(
+                  HasSubstr("(parameters 769.4, gradients 769.4, optimizer state 0.0 MiB)")));
   o.momentum(std::nullopt).optimizer(optim::OptimizerOptions(optim::OptimizerKind::kAdam, 0.001));
   EXPECT_THAT([&] { train::check_model_size(o, {}, limit); },
               ::testing::ThrowsMessage<c10::ValueError>(HasSubstr("optimizer state 1538.8 MiB")));

@@ -179,9 +179,9 @@ MemoryPlan plan_memory(const TrainOptions& o, const MemoryPlanOptions& p);
 // from the run's own optimizer, stepped over stand-ins); zero1 a 1/world share of the state, zero2
 // of the gradients too; fsdp and the pipeline the build's parameters (they keep a share after it).
 // n_embd 8192 (3.2 billion parameters, 12 GiB) passed the first bound on a 24 GiB host, and the plan
-// went on to build it and dry-run it; its 36 GiB of local states are refused in 0.4 s. One within both is planned by its dry run
-// as any other (n_embd 4096 with SGD and momentum: 0.8 billion parameters, 9 GiB of states; the plan
-// of 11 GiB took 131 s of CPU, most of it the dry run's steps). gpt-mini's are counted from its
+// went on to build it and dry-run it; its 36 GiB of local states are refused in 0.4 s. One within
+// both is planned by its dry run as any other (n_embd 4096 with SGD and momentum: 0.8 billion
+// parameters, 9 GiB of states; the plan of 11 GiB took 131 s of CPU, most of it the dry run's steps). gpt-mini's are counted from its
 // layers, width and context (models/gpt_mini.h lists its tensors): per block 12 C^2 + 13 C
 // (attention's 3C x C and C x C, the MLP's 4C x C and C x 4C, their biases, two LayerNorms), the
 // position table T x C and the final LayerNorm's 2 C. The token embedding is left out (its rows are
