@@ -181,21 +181,21 @@ void check_model_size(const TrainOptions& o, const MemoryPlanOptions& p, const M
   const amp::OptLevel level = o.resolved_opt_level();
   const StatesBound states = states_bound(kind, level, per_element, parameters, p.world_size());
   if (states.total() <= static_cast<double>(limit.bytes)) return;
-  std::vector<std::string> others;  // the sharding strategies on as many ranks, when there are several
-  if (p.world_size() > 1)
-    for (parallel::StrategyKind k : {parallel::StrategyKind::kZero1, parallel::StrategyKind::kZero2,
-                                     parallel::StrategyKind::kFsdp})
-      if (k != kind)
-        others.push_back(c10::str(parallel::to_string(k), " at least ",
-                                  mib_text(states_bound(k, level, per_element, parameters, p.world_size()).total()),
-                                  " MiB"));
+  std::vector<std::string> others;  // the strategies the run could take instead that hold less, as early_refusal's
+  for (parallel::StrategyKind k : alternative_strategies(o, p.world_size(), false)) {
+    const double bound = states_bound(k, level, per_element, parameters, p.world_size()).total();
+    if (bound < states.total())
+      others.push_back(c10::str(parallel::to_string(k), " at least ", mib_text(bound), " MiB"));
+  }
+  std::string instead = "On one rank every state is whole: more ranks under zero2 or fsdp share them";
+  if (!others.empty())
+    instead = c10::str("Per rank on ", p.world_size(), " ranks: ", c10::Join("; ", others));
+  else if (p.world_size() > 1)
+    instead = "No other strategy holds fewer model states per rank";
   TORCH_CHECK_VALUE(false, model, ": under ", parallel::to_string(kind), " at ", amp::to_string(level), " on ",
                     p.world_size(), p.world_size() == 1 ? " rank" : " ranks", " each rank holds at least ",
                     mib_text(states.total()), " MiB of model states before any activation (", states_text(states),
-                    "), more than the ", format_mib(limit.bytes), " MiB it may use (", limit.source, "). ",
-                    others.empty() ? std::string("On one rank every state is whole: more ranks under zero2 or fsdp "
-                                                 "share them")
-                                   : c10::str("Per rank on ", p.world_size(), " ranks: ", c10::Join("; ", others)),
+                    "), more than the ", format_mib(limit.bytes), " MiB it may use (", limit.source, "). ", instead,
                     ". ", lower);
 }
 

@@ -57,7 +57,8 @@ struct ServedModel {
 // forwards side by side on threads/2 cores each rather than fighting over one pool.
 // The instances of a version share one module, loaded once: each runs it from its own worker
 // thread, side by side with the others. Triton's PyTorch backend loads a copy per instance, which
-// on one device buys nothing but memory: four instances of a 1 GB model held 4 GB (issue 53). What
+// on one device buys nothing but memory: four instances of a model with 1 GB of weights held 3.5 GB
+// (issue 53's probe). What
 // sharing relies on is that an inference forward writes nothing outside its own outputs: an
 // eval-mode reference model under NoGradGuard (infer::Predictor; BatchNorm in eval reads its running
 // stats), and a TorchScript module under InferenceMode, whose interpreter keeps each call's values

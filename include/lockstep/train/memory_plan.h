@@ -178,8 +178,8 @@ MemoryPlan plan_memory(const TrainOptions& o, const MemoryPlanOptions& p);
 // dp and ddp hold the fp32 parameters, gradients and the optimizer's state (its bytes per element
 // from the run's own optimizer, stepped over stand-ins); zero1 a 1/world share of the state, zero2
 // of the gradients too; fsdp and the pipeline the build's parameters (they keep a share after it).
-// n_embd 8192 (3.2 billion parameters, 12 GiB) passed the first bound on a 24 GiB host, and the plan
-// went on to build it and dry-run it; its 36 GiB of local states are refused in 0.4 s. One within
+// n_embd 8192 (3.2 billion parameters, 12 GiB) passed the first bound on a 24 GiB host, so the plan
+// went on to build the model; its 36 GiB of local states are now refused in 0.4 s. One within
 // both is planned by its dry run as any other (n_embd 4096 with SGD and momentum: 0.8 billion
 // parameters, 9 GiB of states; the plan of 11 GiB took 131 s of CPU, most of it the dry run's steps). gpt-mini's are counted from its
 // layers, width and context (models/gpt_mini.h lists its tensors): per block 12 C^2 + 13 C
