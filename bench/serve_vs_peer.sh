@@ -51,7 +51,8 @@ servers=(lockstep peer)
 for server in "${servers[@]}"; do port[$server]=$(free_port); done
 metrics_port=$(free_port)
 OMP_NUM_THREADS=$threads "$cli" serve --model convnet --weights "$work/convnet.pt" --threads "$threads" \
-  --http-address 127.0.0.1 --http-port "${port[lockstep]}" --metrics-port "$metrics_port" >"$work/lockstep.log" 2>&1 &
+  --http-address 127.0.0.1 --http-port "${port[lockstep]}" --metrics-port "$metrics_port" \
+  --grpc-port 0 >"$work/lockstep.log" 2>&1 &
 pids+=($!)
 start_peer() {  # SERVER PYTHON EXTRA...
   local server=$1 py=$2; shift 2

@@ -1,4 +1,4 @@
-// `lockstep serve`: trained reference models over HTTP with the KServe v2 / Triton protocol and
+// `lockstep serve`: trained reference models over HTTP and gRPC with the KServe v2 / Triton protocol and
 // dynamic batching, from a Triton-style model repository or from one weights file.
 #include <c10/util/StringUtil.h>
 #include <torch/torch.h>
@@ -30,6 +30,9 @@ struct ServeArgs {
   int http_port = 8000;
   int metrics_port = 8002;
   bool allow_metrics = true;
+  bool allow_grpc = true;
+  std::string grpc_address = "127.0.0.1";
+  int grpc_port = 8001;
   int64_t http_thread_count = 64;
   int64_t max_connections = 1024;
   int64_t max_input_bytes = int64_t{64} << 20;
@@ -85,6 +88,10 @@ int run_serve(const ServeArgs& a) {
   TORCH_CHECK_VALUE(!a.allow_metrics || a.http_port == 0 || a.http_port != a.metrics_port,
                     "--http-port and --metrics-port are both ", a.http_port,
                     ": give the metrics a port of their own (0: any free port)");
+  TORCH_CHECK_VALUE(!a.allow_grpc || a.grpc_port == 0 || a.grpc_address != a.http_address ||
+                        (a.grpc_port != a.http_port && (!a.allow_metrics || a.grpc_port != a.metrics_port)),
+                    "--grpc-port ", a.grpc_port, " is also the --http-port or --metrics-port: give gRPC a port of ",
+                    "its own (0: any free port)");
   serve::block_shutdown_signals();  // before any thread starts: see block_shutdown_signals
   const auto repo_options = serve::RepositoryOptions().threads(a.threads);
   std::unique_ptr<serve::ModelRepository> repo;
@@ -108,6 +115,9 @@ int run_serve(const ServeArgs& a) {
                                   .http_port(a.http_port)
                                   .metrics_port(a.metrics_port)
                                   .allow_metrics(a.allow_metrics)
+                                  .allow_grpc(a.allow_grpc)
+                                  .grpc_address(a.grpc_address)
+                                  .grpc_port(a.grpc_port)
                                   .http_thread_count(a.http_thread_count)
                                   .max_input_bytes(a.max_input_bytes)
                                   .exit_timeout_s(a.exit_timeout)
@@ -119,7 +129,7 @@ int run_serve(const ServeArgs& a) {
 
 Command add_serve_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
-      "serve", "Serve trained models over HTTP: the KServe v2 / Triton protocol, with dynamic batching");
+      "serve", "Serve trained models over HTTP and gRPC: the KServe v2 / Triton protocol, with dynamic batching");
   cmd->option_defaults()->always_capture_default();
   auto a = std::make_shared<ServeArgs>();
   const auto& models = models::model_names();
@@ -143,6 +153,10 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--metrics-port", a->metrics_port, "Prometheus /metrics port (0: any free port, printed)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--allow-metrics", a->allow_metrics, "Serve Prometheus metrics");
+  cmd->add_option("--allow-grpc", a->allow_grpc, "Serve the KServe v2 gRPC service (inference.GRPCInferenceService)");
+  cmd->add_option("--grpc-address", a->grpc_address, "Address gRPC listens on (0.0.0.0: every interface)");
+  cmd->add_option("--grpc-port", a->grpc_port, "KServe v2 gRPC port (0: any free port, printed)")
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--http-thread-count", a->http_thread_count,
                   "Requests handled at once (idle and slow connections hold no thread)")
       ->check(cli::positive_count());

@@ -55,19 +55,35 @@ Batcher::Instance Batcher::one_tensor(std::function<torch::Tensor(const torch::T
   };
 }
 
-std::future<Tensors> Batcher::submit(Tensors inputs) {
+int64_t Batcher::checked_samples(const Tensors& inputs) const {
   TORCH_CHECK_VALUE(!inputs.empty(), "a request holds at least one input");
-  int64_t samples = 1;
-  if (options_.max_batch_size() > 0) {
-    samples = inputs[0].dim() >= 1 ? inputs[0].size(0) : 0;
-    for (const torch::Tensor& input : inputs)
-      TORCH_CHECK_VALUE(input.dim() >= 1 && input.size(0) == samples && samples >= 1 &&
-                            samples <= options_.max_batch_size(),
-                        "a request's inputs hold the same number of samples, between 1 and max_batch_size ",
-                        options_.max_batch_size(), "; got shape ", input.sizes(), " beside ", inputs[0].sizes());
-  }
-  Pending p{std::move(inputs), samples, Clock::now(), {}};
+  if (options_.max_batch_size() == 0) return 1;
+  const int64_t samples = inputs[0].dim() >= 1 ? inputs[0].size(0) : 0;
+  for (const torch::Tensor& input : inputs)
+    TORCH_CHECK_VALUE(input.dim() >= 1 && input.size(0) == samples && samples >= 1 &&
+                          samples <= options_.max_batch_size(),
+                      "a request's inputs hold the same number of samples, between 1 and max_batch_size ",
+                      options_.max_batch_size(), "; got shape ", input.sizes(), " beside ", inputs[0].sizes());
+  return samples;
+}
+
+std::future<Tensors> Batcher::submit(Tensors inputs) {
+  const int64_t samples = checked_samples(inputs);
+  Pending p{std::move(inputs), samples, Clock::now(), {}, {}, {}};
   std::future<Tensors> result = p.result.get_future();
+  enqueue(std::move(p));
+  return result;
+}
+
+void Batcher::submit(Tensors inputs, Done done) {
+  TORCH_CHECK_VALUE(done != nullptr, "Batcher::submit needs a function to hand the result to");
+  const int64_t samples = checked_samples(inputs);
+  Pending p{std::move(inputs), samples, Clock::now(), {}, std::move(done), {}};
+  p.future = p.result.get_future();
+  enqueue(std::move(p));
+}
+
+void Batcher::enqueue(Pending p) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) throw Unavailable("the server is shutting down");
@@ -79,7 +95,16 @@ std::future<Tensors> Batcher::submit(Tensors inputs) {
     statistics_.set_pending(static_cast<int64_t>(queue_.size()));
   }
   arrived_.notify_all();  // workers waiting out a delay re-check whether the batch is now due
-  return result;
+}
+
+void Batcher::settle(Pending& p, Tensors outputs) {
+  p.result.set_value(std::move(outputs));
+  if (p.done) p.done(std::move(p.future));
+}
+
+void Batcher::settle(Pending& p, std::exception_ptr error) {
+  p.result.set_exception(std::move(error));
+  if (p.done) p.done(std::move(p.future));
 }
 
 void Batcher::stop() {
@@ -96,9 +121,9 @@ void Batcher::expire_locked(Clock::time_point now) {
   if (options_.queue_timeout_us() == 0) return;
   const auto timeout = std::chrono::microseconds(options_.queue_timeout_us());
   while (!queue_.empty() && now - queue_.front().enqueued >= timeout) {
-    queue_.front().result.set_exception(std::make_exception_ptr(Unavailable(
-        "the request waited in the queue longer than default_timeout_microseconds " +
-        std::to_string(options_.queue_timeout_us()))));
+    settle(queue_.front(), std::make_exception_ptr(Unavailable(
+                               "the request waited in the queue longer than default_timeout_microseconds " +
+                               std::to_string(options_.queue_timeout_us()))));
     queue_.pop_front();
   }
 }
@@ -184,9 +209,9 @@ void Batcher::run(Instance& instance, std::vector<Pending>& batch) {
     statistics_.record_batch(samples, static_cast<int64_t>(batch.size()), queue_ns,
                              nanoseconds(computed_input - start), nanoseconds(inferred - computed_input),
                              nanoseconds(Clock::now() - inferred));
-    for (size_t i = 0; i < batch.size(); ++i) batch[i].result.set_value(std::move(results[i]));
+    for (size_t i = 0; i < batch.size(); ++i) settle(batch[i], std::move(results[i]));
   } catch (...) {
-    for (Pending& p : batch) p.result.set_exception(std::current_exception());
+    for (Pending& p : batch) settle(p, std::current_exception());
   }
 }
 

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "json_kind.h"
+#include "infer_checks.h"
 #include "json_scan.h"
 
 namespace lockstep::serve {
@@ -16,27 +16,6 @@ namespace {
 using json_scan::Layout;
 using json_scan::ScannedBody;
 using json_scan::scan_body;
-
-constexpr int kBadRequest = 400;
-
-[[noreturn]] void bad_request(const std::string& message) { throw HttpError(kBadRequest, message); }
-
-std::string shape_text(const std::vector<int64_t>& shape) { return "[" + c10::Join(", ", shape) + "]"; }
-
-// "'INPUT__0', 'INPUT__1'"
-std::string names_text(const std::vector<TensorSpec>& specs) {
-  std::vector<std::string> names;
-  for (const TensorSpec& t : specs) names.push_back("'" + t.name + "'");
-  return c10::Join(", ", names);
-}
-
-// The shape a request's input must have: "[-1, 1, 28, 28] with at most 8 samples" (-1: 1 to
-// max_batch_size samples), or "[3, 8]" without a batch dimension.
-std::string expected_shape(const ModelConfig& config, const TensorSpec& spec) {
-  const std::string shape = shape_text(request_shape(config, spec, -1));
-  return config.max_batch_size == 0 ? shape
-                                    : shape + " with at most " + std::to_string(config.max_batch_size) + " samples";
-}
 
 const nlohmann::json* member(const nlohmann::json& object, const char* key) {
   const auto it = object.find(key);
@@ -106,13 +85,7 @@ std::vector<int64_t> read_shape(const nlohmann::json& input, const TensorSpec& s
     if (!d.is_number_integer()) bad_request("input '" + spec.name + "' shape " + shape->dump() + " holds a non-integer");
     dims.push_back(d.get<int64_t>());
   }
-  const bool batched = config.max_batch_size > 0;
-  const bool fits = batched ? dims.size() == spec.dims.size() + 1 && dims[0] >= 1 && dims[0] <= config.max_batch_size &&
-                                  std::equal(spec.dims.begin(), spec.dims.end(), dims.begin() + 1)
-                            : dims == spec.dims;
-  if (!fits)
-    bad_request("input '" + spec.name + "' has shape " + shape_text(dims) + "; model '" + config.name + "' takes " +
-                expected_shape(config, spec));
+  check_input_shape(dims, spec, config);
   return dims;
 }
 
@@ -196,19 +169,11 @@ torch::Tensor binary_input(const nlohmann::json& size, const TensorSpec& spec, c
                            const std::string& body, size_t json_bytes, size_t declared, size_t offset) {
   if (!size.is_number_unsigned())
     bad_request("input '" + spec.name + "' binary_data_size must be a byte count, got " + size.dump());
-  const c10::ScalarType type = scalar_type(spec.datatype);
-  const c10::ScalarType stored = type == torch::kBool ? torch::kByte : type;  // any nonzero byte is true
   const size_t bytes = size.get<size_t>();
-  const size_t expected = static_cast<size_t>(c10::multiply_integers(shape)) * c10::elementSize(stored);
-  if (bytes != expected)
-    bad_request("input '" + spec.name + "' binary_data_size " + std::to_string(bytes) + " does not match shape " +
-                shape_text(shape) + " of " + spec.datatype + ", which is " + std::to_string(expected) + " bytes");
-  if (offset + bytes > body.size())
+  if (bytes == wire_bytes(spec, shape) && offset + bytes > body.size())
     bad_request("the body holds " + std::to_string(body.size() - json_bytes) +
                 " bytes after the JSON header, but the inputs' binary_data_size add up to " + std::to_string(declared));
-  torch::Tensor t = torch::empty(shape, stored);
-  std::memcpy(t.data_ptr(), body.data() + offset, bytes);
-  return stored == type ? t : t.to(type);
+  return tensor_from_bytes(body.data() + offset, bytes, spec, shape, "binary_data_size " + std::to_string(bytes));
 }
 
 // The request's "outputs": which of the config's outputs the response holds, and how.
@@ -312,15 +277,7 @@ InferRequest parse_infer_request(const std::string& body, std::optional<size_t> 
     bad_request("the body holds " + std::to_string(body.size() - json_bytes) + " bytes after the JSON header, but " +
                 (offset == json_bytes ? std::string("no input has binary_data_size")
                                       : "the inputs' binary_data_size add up to " + std::to_string(offset - json_bytes)));
-  for (size_t i = 0; i < config.inputs.size(); ++i) {
-    if (!request.inputs[i].defined())
-      bad_request("the request lacks input '" + config.inputs[i].name + "'; model '" + config.name + "' takes " +
-                  names_text(config.inputs));
-    if (config.max_batch_size > 0 && request.inputs[i].size(0) != request.inputs[0].size(0))
-      bad_request("input '" + config.inputs[i].name + "' has " + std::to_string(request.inputs[i].size(0)) +
-                  " samples but input '" + config.inputs[0].name + "' has " + std::to_string(request.inputs[0].size(0)) +
-                  "; every input of a request holds the same number of samples");
-  }
+  check_complete(request.inputs, config);
   request.outputs = requested_outputs(j, config);
   return request;
 }

@@ -89,6 +89,10 @@ nlohmann::json server_metadata() {
           {"extensions", {"binary_tensor_data", "statistics", "model_configuration"}}};
 }
 
+std::string model_platform(const ModelConfig& config) {
+  return config.format == ModelFormat::kTorchScript ? "pytorch_libtorch" : "lockstep_" + config.architecture;
+}
+
 nlohmann::json model_metadata(const ModelConfig& config, const std::vector<int64_t>& versions) {
   auto tensors = [&config](const std::vector<TensorSpec>& specs) {
     nlohmann::json list = nlohmann::json::array();
@@ -100,8 +104,7 @@ nlohmann::json model_metadata(const ModelConfig& config, const std::vector<int64
   for (int64_t v : versions) names.push_back(std::to_string(v));
   return {{"name", config.name},
           {"versions", names},
-          {"platform", config.format == ModelFormat::kTorchScript ? std::string("pytorch_libtorch")
-                                                                  : "lockstep_" + config.architecture},
+          {"platform", model_platform(config)},
           {"inputs", tensors(config.inputs)},
           {"outputs", tensors(config.outputs)}};
 }

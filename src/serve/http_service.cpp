@@ -5,13 +5,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cctype>
-#include <chrono>
-#include <filesystem>
-#include <regex>
 #include <string>
 
 #include "lockstep/serve/http_protocol.h"
+#include "service_lookup.h"
 
 namespace lockstep::serve {
 namespace {
@@ -25,48 +22,6 @@ http::Response json_response(int status, const nlohmann::json& body) {
   r.content_type = kJson;
   r.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return r;
-}
-
-// Compares in time that depends on the lengths only, not on where the first difference is.
-bool same_secret(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char difference = 0;
-  for (size_t i = 0; i < a.size(); ++i) difference |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return difference == 0;
-}
-
-// "Authorization: Bearer <token>", the scheme in any case and one or more spaces after it (RFC
-// 7235 section 2.1; curl, Go and Python clients send "Bearer", some proxies "bearer"). Neither
-// message repeats what was sent: a token sent with the wrong scheme is still a secret.
-void check_token(const std::string& token, const http::Request& req) {
-  if (token.empty()) return;
-  const std::string* given = req.header("authorization");
-  if (given == nullptr) throw HttpError(401, "this server needs \"Authorization: Bearer <token>\"");
-  const size_t space = std::min(given->find(' '), given->size());
-  const bool bearer = space == 6 && std::equal(given->begin(), given->begin() + 6, "bearer", [](char a, char b) {
-    return std::tolower(static_cast<unsigned char>(a)) == b;
-  });
-  if (!bearer)
-    throw HttpError(401, "the Authorization header's scheme is not Bearer; this server needs \"Authorization: "
-                         "Bearer <token>\"");
-  const size_t start = std::min(given->find_first_not_of(' ', space), given->size());
-  if (!same_secret(given->substr(start), token)) throw HttpError(401, "the bearer token is not this server's");
-}
-
-std::string public_reason(const ServiceState& state, const std::string& reason) {
-  if (state.verbose_errors) return reason;
-  namespace fs = std::filesystem;
-  std::string out = reason;
-  const std::string& dir = state.repository.directory();
-  std::error_code ec;
-  for (const std::string& prefix : {dir, fs::absolute(dir, ec).string(), fs::weakly_canonical(dir, ec).string()}) {
-    if (prefix.empty()) continue;
-    const std::string with_slash = prefix.back() == '/' ? prefix : prefix + "/";
-    for (size_t at = out.find(with_slash); at != std::string::npos; at = out.find(with_slash, at))
-      out.erase(at, with_slash.size());
-  }
-  static const std::regex elsewhere(R"((^|[\s'"(=])/(?:[^\s'"():/]+/)+([^\s'"():/]+))");
-  return std::regex_replace(out, elsewhere, "$1$2");
 }
 
 // /v2/models/{model}[/versions/{version}][/{action}], split.
@@ -94,36 +49,6 @@ std::optional<ModelPath> model_path(std::string_view rest) {
   return m;
 }
 
-// The model and version a request names; throws HttpError 404 (unknown) or 503 (not ready).
-struct Target {
-  const ServedModel* model;
-  const ServedVersion* version;
-};
-
-Target find_target(const ServiceState& state, const ModelPath& path) {
-  const ServedModel* model = state.repository.find(path.model);
-  if (model == nullptr) {
-    std::vector<std::string> names;
-    for (const ServedModel& m : state.repository.models()) names.push_back("'" + m.name + "'");
-    throw HttpError(404, "unknown model '" + path.model + "'; this server has " +
-                             (names.empty() ? std::string("none") : c10::Join(", ", names)));
-  }
-  if (!model->ready)
-    throw HttpError(503, "model '" + path.model + "' is not ready: " + public_reason(state, model->reason));
-  const ServedVersion* v = model->find_version(path.version);
-  for (const UnavailableVersion& u : model->unavailable)
-    if (v == nullptr && std::to_string(u.version) == path.version)
-      throw HttpError(503, "model '" + path.model + "' version " + path.version +
-                               " is not ready: " + public_reason(state, u.reason));
-  if (v == nullptr) {
-    std::vector<int64_t> versions;
-    for (const ServedVersion& s : model->versions) versions.push_back(s.version);
-    throw HttpError(404, "model '" + path.model + "' has no version '" + path.version + "'; it serves version(s) " +
-                             c10::Join(", ", versions));
-  }
-  return {model, v};
-}
-
 std::optional<size_t> header_length(const http::Request& req) {
   const std::string* value = req.header("inference-header-content-length");
   if (value == nullptr) return std::nullopt;
@@ -137,26 +62,18 @@ http::Response infer(const Target& t, const http::Request& req) {
   if (type != nullptr && type->rfind("multipart/form-data", 0) == 0)
     throw HttpError(400, "a multipart/form-data body is not an infer request; send JSON (with binary data after it: "
                          "Inference-Header-Content-Length)");
-  const auto start = std::chrono::steady_clock::now();
-  auto elapsed_ns = [&] {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-  };
-  try {
+  return counted_request(*t.version, [&] {
     const ModelConfig& config = *t.model->config;
     const InferRequest request = parse_infer_request(req.body, header_length(req), config);
     const Tensors outputs = t.version->batcher->submit(request.inputs).get();
-    const InferResponse response = make_infer_response(request, config, t.version->version, outputs);
+    InferResponse response = make_infer_response(request, config, t.version->version, outputs);
     http::Response r;
     r.content_type = response.content_type;
     r.body = std::move(response.body);
     if (response.header_length)
       r.headers.emplace_back("Inference-Header-Content-Length", std::to_string(*response.header_length));
-    t.version->statistics->record_success(elapsed_ns());
     return r;
-  } catch (...) {
-    t.version->statistics->record_failure(elapsed_ns());
-    throw;
-  }
+  });
 }
 
 nlohmann::json stats_of(const ServedModel& model, const ServedVersion* only) {
@@ -166,16 +83,8 @@ nlohmann::json stats_of(const ServedModel& model, const ServedVersion* only) {
   return list;
 }
 
-http::Response readiness(const ServiceState& state) {
-  if (state.shutting_down) throw HttpError(503, "the server is shutting down");
-  for (const ServedModel& m : state.repository.models())
-    if (!m.ready && state.strict_readiness)
-      throw HttpError(503, "model '" + m.name + "' is not ready: " + public_reason(state, m.reason));
-  return http::Response{};
-}
-
 http::Response model_route(const ServiceState& state, const http::Request& req, const ModelPath& path) {
-  const Target t = find_target(state, path);
+  const Target t = find_target(state, path.model, path.version);
   if (path.action == "infer") return infer(t, req);
   if (path.action == "ready") {
     if (state.shutting_down) throw HttpError(503, "the server is shutting down");
@@ -194,8 +103,11 @@ http::Response route(const ServiceState& state, const http::Request& req) {
   const std::string& p = req.path;
   const bool get = req.method == "GET", post = req.method == "POST";
   if (get && p == "/v2/health/live") return http::Response{};
-  if (get && p == "/v2/health/ready") return readiness(state);
-  check_token(state.auth_token, req);
+  if (get && p == "/v2/health/ready") {
+    check_ready(state);
+    return http::Response{};
+  }
+  check_bearer(state.auth_token, req.header("authorization"));
   if (get && p == "/v2") return json_response(200, server_metadata());
   if (get && p == "/v2/models/stats") {
     nlohmann::json all = nlohmann::json::array();
@@ -205,14 +117,12 @@ http::Response route(const ServiceState& state, const http::Request& req) {
   }
   if (post && p == "/v2/repository/index") {
     nlohmann::json index = nlohmann::json::array();
-    for (const ServedModel& m : state.repository.models()) {
-      if (!m.ready)
-        index.push_back({{"name", m.name}, {"state", "UNAVAILABLE"}, {"reason", public_reason(state, m.reason)}});
-      for (const ServedVersion& v : m.versions)
-        index.push_back({{"name", m.name}, {"version", std::to_string(v.version)}, {"state", "READY"}});
-      for (const UnavailableVersion& u : m.unavailable)
-        index.push_back({{"name", m.name}, {"version", std::to_string(u.version)}, {"state", "UNAVAILABLE"},
-                         {"reason", public_reason(state, u.reason)}});
+    for (const IndexEntry& e : repository_index(state)) {
+      nlohmann::json row{{"name", e.name}};
+      if (!e.version.empty()) row["version"] = e.version;
+      row["state"] = e.state;
+      if (!e.reason.empty()) row["reason"] = e.reason;
+      index.push_back(row);
     }
     return json_response(200, index);
   }
@@ -257,7 +167,7 @@ http::Handler inference_handler(ServiceState& state) {
 http::Handler metrics_handler(const ModelRepository& repository, std::string auth_token) {
   return [&repository, token = std::move(auth_token)](const http::Request& req) {
     return guarded([&] {
-      check_token(token, req);
+      check_bearer(token, req.header("authorization"));
       if (req.method != "GET" || req.path != "/metrics") throw HttpError(404, "no endpoint " + req.method + " " + req.path);
       std::vector<LabelledSnapshot> versions;
       for (const ServedModel& m : repository.models())

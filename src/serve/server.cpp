@@ -1,6 +1,7 @@
 #include "lockstep/serve/server.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -13,6 +14,7 @@
 
 #include "lockstep/serve/http_server.h"
 #include "lockstep/serve/http_service.h"
+#include "grpc_server.h"
 
 namespace lockstep::serve {
 namespace {
@@ -57,13 +59,18 @@ std::unique_ptr<http::HttpServer> listen(http::Handler handler, http::HttpServer
   }
 }
 
-// Why a server listening on `address` without a token is open to other hosts (metrics_port 0: none).
-std::string exposure_warning(const std::string& address, int http_port, int metrics_port) {
-  const std::string ports = metrics_port != 0 ? "the HTTP port " + std::to_string(http_port) + " and the metrics port " +
-                                                    std::to_string(metrics_port) + " listen"
-                                              : "the HTTP port " + std::to_string(http_port) + " listens";
-  return ports + " on " + address + " (beyond loopback) without an auth token: any host that can connect may run " +
-         "inference and read the models' metadata and metrics; give the server an auth token, or listen on a " +
+// Why ports listening beyond loopback without a token are open to other hosts. `open`: for each
+// address, its ports ("the HTTP port 8000").
+std::string exposure_warning(const std::vector<std::pair<std::string, std::vector<std::string>>>& open) {
+  std::vector<std::string> clauses;
+  for (const auto& [address, ports] : open) {
+    std::string list = ports.back();
+    if (ports.size() > 1)
+      list = c10::Join(", ", std::vector<std::string>(ports.begin(), ports.end() - 1)) + " and " + ports.back();
+    clauses.push_back(list + (ports.size() > 1 ? " listen" : " listens") + " on " + address);
+  }
+  return c10::Join(", and ", clauses) + " (beyond loopback) without an auth token: any host that can connect may " +
+         "run inference and read the models' metadata and metrics; give the server an auth token, or listen on a " +
          "loopback address such as 127.0.0.1";
 }
 
@@ -80,6 +87,7 @@ struct Server::Impl {
   ServerOptions options;
   ServiceState state;
   std::unique_ptr<http::HttpServer> http, metrics;
+  std::unique_ptr<GrpcServer> grpc;
   std::atomic<bool> stopping{false};
   std::ostream* log = nullptr;
   std::mutex mutex;
@@ -102,6 +110,10 @@ Server::Server(ModelRepository& repository, ServerOptions options)
   TORCH_CHECK_VALUE(!o.allow_metrics() || o.http_port() == 0 || o.http_port() != o.metrics_port(),
                     "ServerOptions::http_port and metrics_port are both ", o.http_port(),
                     ": give the metrics a port of their own (0: any free port)");
+  TORCH_CHECK_VALUE(!o.allow_grpc() || o.grpc_port() == 0 || o.grpc_address() != o.http_address() ||
+                        (o.grpc_port() != o.http_port() && (!o.allow_metrics() || o.grpc_port() != o.metrics_port())),
+                    "ServerOptions::grpc_port ", o.grpc_port(), " is also the HTTP or metrics port: give gRPC a ",
+                    "port of its own (0: any free port)");
   impl_->state.strict_readiness = o.strict_readiness();
   impl_->state.auth_token = o.auth_token();
   impl_->state.verbose_errors = o.verbose_errors();
@@ -113,8 +125,36 @@ Server::Server(ModelRepository& repository, ServerOptions options)
                             http_options(o, o.metrics_port(), kMetricsThreads), "the metrics port");
     metrics_port_ = impl_->metrics->port();
   }
-  if (o.auth_token().empty() && !impl_->http->loopback_only())
-    warnings_.push_back(exposure_warning(o.http_address(), http_port_, impl_->metrics ? metrics_port_ : 0));
+  if (o.allow_grpc()) {
+    GrpcServerOptions g;
+    g.address = o.grpc_address();
+    g.port = o.grpc_port();
+    g.max_calls = o.max_connections();
+    g.max_message_bytes = static_cast<size_t>(o.max_input_bytes());
+    g.idle_timeout_s = o.idle_timeout_s();
+    try {
+      impl_->grpc = std::make_unique<GrpcServer>(impl_->state, g);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, e.what_without_backtrace(), " (the gRPC port): the port is taken or the address is not ",
+                  "this machine's; pick another port (0: any free port)");
+    }
+    grpc_port_ = impl_->grpc->port();
+  }
+  if (o.auth_token().empty()) {
+    std::vector<std::pair<std::string, std::vector<std::string>>> open;
+    if (!impl_->http->loopback_only()) {
+      open.push_back({o.http_address(), {"the HTTP port " + std::to_string(http_port_)}});
+      if (impl_->metrics) open.back().second.push_back("the metrics port " + std::to_string(metrics_port_));
+    }
+    if (impl_->grpc && !impl_->grpc->loopback_only()) {
+      const std::string port = "the gRPC port " + std::to_string(grpc_port_);
+      if (!open.empty() && o.grpc_address() == o.http_address())
+        open.back().second.push_back(port);
+      else
+        open.push_back({o.grpc_address(), {port}});
+    }
+    if (!open.empty()) warnings_.push_back(exposure_warning(open));
+  }
 }
 
 Server::~Server() {
@@ -140,6 +180,7 @@ void Server::stop() {
   });
   impl_->http->stop();
   if (impl_->metrics) impl_->metrics->stop();
+  if (impl_->grpc) impl_->grpc->stop(timeout);
 }
 
 int Server::run(std::ostream& log) {
@@ -147,6 +188,8 @@ int Server::run(std::ostream& log) {
   ::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not end the server
   std::thread metrics_thread;
   if (impl_->metrics) metrics_thread = std::thread([this] { impl_->metrics->serve(); });
+  std::thread grpc_thread;
+  if (impl_->grpc) grpc_thread = std::thread([this] { impl_->grpc->serve(); });
   std::atomic<bool> served{false};
   std::thread signal_thread([this, &served, &log] {
     const sigset_t set = shutdown_signals();
@@ -163,12 +206,14 @@ int Server::run(std::ostream& log) {
   const std::string& address = impl_->options.http_address();
   log << "lockstep serve: KServe v2 HTTP on http://" << address << ":" << http_port_;
   if (impl_->metrics) log << ", metrics on http://" << address << ":" << metrics_port_ << "/metrics";
+  if (impl_->grpc) log << ", KServe v2 gRPC on " << impl_->options.grpc_address() << ":" << grpc_port_;
   log << std::endl;
   for (const std::string& warning : warnings_) log << "lockstep serve: warning: " << warning << std::endl;
   impl_->http->serve();  // returns once stopped and every request read is answered
   served = true;
   signal_thread.join();
   if (metrics_thread.joinable()) metrics_thread.join();
+  if (grpc_thread.joinable()) grpc_thread.join();  // returns once every call received is answered
   impl_->repository.stop();
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);

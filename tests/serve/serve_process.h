@@ -35,16 +35,19 @@ inline HttpReply curl(const std::string& args) {
   return reply;
 }
 
-// `lockstep serve ARGS --http-port 0 --metrics-port 0` on 127.0.0.1, started in the constructor;
-// the ports are read from what it prints. Killed when the object dies, if still running.
+// `lockstep serve ARGS --http-port 0 --metrics-port 0 --grpc-port 0` on 127.0.0.1, started in the
+// constructor; the ports are read from what it prints. Killed when the object dies, if still running.
 class ServeProcess {
  public:
   ServeProcess(const std::vector<std::string>& args, const std::string& log_path) : log_path_(log_path) {
     std::vector<std::string> argv{LOCKSTEP_CLI, "serve"};
     argv.insert(argv.end(), args.begin(), args.end());
-    for (const char* a : {"--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0"}) argv.push_back(a);
+    for (const char* a : {"--http-address", "127.0.0.1", "--http-port", "0", "--metrics-port", "0", "--grpc-port", "0"})
+      argv.push_back(a);
     child_ = std::make_unique<ChildProcess>(argv, log_path_);
-    const std::regex listening(R"(HTTP on http://127\.0\.0\.1:(\d+), metrics on http://127\.0\.0\.1:(\d+))");
+    // The whole line, up to its end: it may be read while half written.
+    const std::regex listening(R"(HTTP on http://127\.0\.0\.1:(\d+), metrics on http://127\.0\.0\.1:(\d+)/metrics)"
+                               R"((?:, KServe v2 gRPC on 127\.0\.0\.1:(\d+))?\n)");
     wait_until(
         [&] {
           std::smatch m;
@@ -52,6 +55,7 @@ class ServeProcess {
           if (std::regex_search(text, m, listening)) {
             port_ = std::stoi(m[1]);
             metrics_port_ = std::stoi(m[2]);
+            if (m[3].matched) grpc_port_ = std::stoi(m[3]);
             return true;
           }
           return !process_alive(child_->pid());
@@ -60,6 +64,8 @@ class ServeProcess {
   }
 
   int port() const { return port_; }
+  int grpc_port() const { return grpc_port_; }  // 0 when the server does not serve gRPC
+  std::string grpc_target() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
   std::string url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
   std::string metrics_url() const { return "http://127.0.0.1:" + std::to_string(metrics_port_) + "/metrics"; }
   std::string log() const { return read_text(log_path_); }
@@ -77,6 +83,7 @@ class ServeProcess {
   std::unique_ptr<ChildProcess> child_;
   int port_ = 0;
   int metrics_port_ = 0;
+  int grpc_port_ = 0;
 };
 
 // A JSON infer request body for `input` (n, ...) fp32.

@@ -137,7 +137,7 @@ TEST_F(ServeFaultsTest, APortAlreadyServedIsRefusedNamingWhichPort) {
   testing::ServeProcess first({"--model", "convnet", "--weights", weights(), "--threads", "1"}, scratch_ / "log");
   ASSERT_TRUE(first.wait_ready()) << first.log();
   const std::string serve = std::string(LOCKSTEP_CLI) + " serve --model convnet --weights " + weights() +
-                            " --threads 1 --http-address 127.0.0.1 ";
+                            " --threads 1 --http-address 127.0.0.1 --grpc-port 0 ";
   const auto second = testing::run_command("timeout 30 " + serve + "--http-port " + std::to_string(first.port()) +
                                            " --metrics-port 0");
   EXPECT_EQ(second.exit_code, 1) << second.output;  // not 124: it did not serve on

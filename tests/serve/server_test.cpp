@@ -196,7 +196,7 @@ TEST_F(ServeTest, LibraryErrorsNameTheOptionsNotTheCliFlags) {
   const auto refused = [&](const serve::ServerOptions& o) {
     return testing::error_message([&] { serve::Server server(*repo, o); });
   };
-  const auto base = serve::ServerOptions().http_address("127.0.0.1").http_port(0).metrics_port(0);
+  const auto base = serve::ServerOptions().http_address("127.0.0.1").http_port(0).metrics_port(0).grpc_port(0);
   const std::string missing = scratch_ / "none";
   const std::vector<std::pair<std::string, std::string>> cases{
       {refused(serve::ServerOptions(base).http_thread_count(0)),
@@ -223,7 +223,7 @@ TEST_F(ServeTest, ListeningBeyondLoopbackWithoutATokenIsWarnedOfInTheLog) {
   const auto served = [&](const serve::ServerOptions& o) {
     const auto repo = serve::ModelRepository::single(serve::default_model_config("convnet"), weights(),
                                                      serve::RepositoryOptions().threads(1));
-    serve::Server server(*repo, serve::ServerOptions(o).http_port(0).metrics_port(0));
+    serve::Server server(*repo, serve::ServerOptions(o).http_port(0).metrics_port(0).grpc_port(0));
     server.stop();  // run() then starts, writes its log and ends at once
     std::ostringstream log;
     EXPECT_EQ(server.run(log), 0);

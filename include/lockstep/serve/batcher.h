@@ -70,6 +70,11 @@ class Batcher {
   // request's outputs, each (n, ...), or the forward's exception, or Unavailable when it timed out
   // in the queue. Throws Unavailable when the queue is full or the batcher is stopping.
   std::future<Tensors> submit(Tensors inputs);
+  // The same, but the future goes, ready, to `done`, called on the thread that settles it (an
+  // instance's worker, or one finding it expired in the queue): for servers that answer without a
+  // thread waiting per request (gRPC's callback API). `done` must be quick and must not throw.
+  using Done = std::function<void(std::future<Tensors>)>;
+  void submit(Tensors inputs, Done done);
   // Refuses new requests, runs every queued one (without waiting for delays) and joins the workers.
   void stop();
 
@@ -82,7 +87,13 @@ class Batcher {
     int64_t samples;  // dim 0 of each input; 1 without a batch dimension
     Clock::time_point enqueued;
     std::promise<Tensors> result;
+    Done done;                      // set: handed `future` once `result` is set
+    std::future<Tensors> future;
   };
+  int64_t checked_samples(const Tensors& inputs) const;
+  void enqueue(Pending p);  // throws Unavailable when full or stopping
+  static void settle(Pending& p, Tensors outputs);
+  static void settle(Pending& p, std::exception_ptr error);
   void work(size_t instance);
   // Blocks until a batch is due (see Note [Dynamic batching]); empty once stopped and drained.
   std::vector<Pending> next_batch();

@@ -68,6 +68,9 @@ InferResponse make_infer_response(const InferRequest& request, const ModelConfig
 
 // GET /v2: name, version and the protocol extensions served.
 nlohmann::json server_metadata();
+// What metadata calls the model's platform: "pytorch_libtorch" (TorchScript, as Triton's PyTorch
+// backend) or "lockstep_<architecture>".
+std::string model_platform(const ModelConfig& config);
 // GET /v2/models/{m}[/versions/{v}]: every input and output, with -1 for the batch dimension
 // (none when max_batch_size is 0).
 nlohmann::json model_metadata(const ModelConfig& config, const std::vector<int64_t>& versions);

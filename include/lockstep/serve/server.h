@@ -17,12 +17,20 @@ struct ServerOptions {
   TORCH_ARG(std::string, http_address) = "127.0.0.1";
   TORCH_ARG(int, http_port) = 8000;        // 0: a free port the OS picks (printed)
   TORCH_ARG(int, metrics_port) = 8002;     // 0: a free port the OS picks (printed)
+  // The KServe v2 gRPC service (inference.GRPCInferenceService) beside HTTP, as Triton serves it:
+  // the same models, batchers, limits, token and statistics.
+  TORCH_ARG(bool, allow_grpc) = true;
+  TORCH_ARG(std::string, grpc_address) = "127.0.0.1";
+  TORCH_ARG(int, grpc_port) = 8001;        // 0: a free port the OS picks (printed)
   TORCH_ARG(bool, allow_metrics) = true;
-  // Requests handled at once (each waits for its batch on a thread); idle and slow connections
+  // HTTP requests handled at once (each waits for its batch on a thread); idle and slow connections
   // hold none. See Note [Bounded connections] and docs/serving.md.
   TORCH_ARG(int64_t, http_thread_count) = 64;
-  TORCH_ARG(int64_t, max_connections) = 1024;  // open at once; past it a client gets 503
+  // HTTP connections open at once, past which a client gets 503; and gRPC inference calls in flight
+  // (they hold no thread), past which a call gets RESOURCE_EXHAUSTED.
+  TORCH_ARG(int64_t, max_connections) = 1024;
   TORCH_ARG(int64_t, max_input_bytes) = int64_t{64} << 20;  // request bodies above, in any framing: 413
+                                                            // (a gRPC message above: RESOURCE_EXHAUSTED)
   TORCH_ARG(double, request_timeout_s) = 30;  // from a request's first byte to its last; then 408
   TORCH_ARG(double, idle_timeout_s) = 60;     // a keep-alive connection without a request is closed
   // Non-empty: every endpoint but the health probes needs "Authorization: Bearer <auth_token>".
@@ -39,18 +47,20 @@ void block_shutdown_signals();
 
 // Note [Graceful shutdown]
 // On SIGTERM (or SIGINT) the server answers 503 to readiness probes, closes its listening sockets
-// (new connections are refused), lets every request already received run to its response (the
-// batchers keep running until the HTTP threads are done), then stops the batchers and returns 0.
+// (new connections are refused; gRPC refuses new calls), lets every request already received run
+// to its response (the batchers keep running until the HTTP threads and gRPC calls are done), then
+// stops the batchers and returns 0.
 // If that takes longer than exit_timeout_s, it prints how long it waited and exits with 1.
 class Server {
  public:
-  // Binds the HTTP (and metrics) ports; throws c10::Error naming the address and port when one
+  // Binds the HTTP (and metrics and gRPC) ports; throws c10::Error naming the address and port when one
   // cannot be bound.
   Server(ModelRepository& repository, ServerOptions options);
   ~Server();
 
   int http_port() const { return http_port_; }
   int metrics_port() const { return metrics_port_; }
+  int grpc_port() const { return grpc_port_; }  // 0 without allow_grpc
   // What an operator should know before serving: one line when the ports listen beyond loopback
   // (0.0.0.0, ::, an interface's address) without an auth_token, so that any host that reaches
   // them may infer and read metadata and metrics; none otherwise. run() writes them to its log.
@@ -67,6 +77,7 @@ class Server {
   std::unique_ptr<Impl> impl_;
   int http_port_ = 0;
   int metrics_port_ = 0;
+  int grpc_port_ = 0;
   std::vector<std::string> warnings_;
 };
 
