@@ -43,10 +43,18 @@ struct ServeArgs {
   double exit_timeout = 30;
   bool strict_readiness = true;
   int64_t threads = 0;
+  std::string model_control_mode = "none";
+  std::vector<std::string> load_models;
+  double repository_poll_secs = 15;
 };
 
 void print_models(const serve::ModelRepository& repo, std::ostream& out) {
-  for (const serve::ServedModel& m : repo.models()) {
+  for (const auto& model : repo.models()) {
+    const serve::ServedModel& m = *model;
+    if (!m.loaded) {
+      out << "lockstep serve: model '" << m.name << "' not loaded (model control mode explicit)\n";
+      continue;
+    }
     if (!m.ready) {
       out << "lockstep serve: model '" << m.name << "' UNAVAILABLE: " << m.reason << "\n";
       continue;
@@ -93,7 +101,21 @@ int run_serve(const ServeArgs& a) {
                     "--grpc-port ", a.grpc_port, " is also the --http-port or --metrics-port: give gRPC a port of ",
                     "its own (0: any free port)");
   serve::block_shutdown_signals();  // before any thread starts: see block_shutdown_signals
-  const auto repo_options = serve::RepositoryOptions().threads(a.threads);
+  TORCH_CHECK_VALUE(a.model_control_mode == "none" || !a.model_repository.empty(), "--model-control-mode ",
+                    a.model_control_mode, " needs --model-repository DIR");
+  TORCH_CHECK_VALUE(a.load_models.empty() || a.model_control_mode == "explicit",
+                    "--load-model is for --model-control-mode explicit (the other modes load every model)");
+  const auto mode = a.model_control_mode == "explicit" ? serve::ModelControlMode::kExplicit
+                    : a.model_control_mode == "poll"   ? serve::ModelControlMode::kPoll
+                                                       : serve::ModelControlMode::kNone;
+  const auto repo_options = serve::RepositoryOptions()
+                                .threads(a.threads)
+                                .model_control_mode(mode)
+                                .startup_models(a.load_models)
+                                .poll_interval_s(a.repository_poll_secs)
+                                .on_change([](const std::string& line) {
+                                  std::cout << "lockstep serve: " << line << std::endl;
+                                });
   std::unique_ptr<serve::ModelRepository> repo;
   if (a.model.empty()) {
     repo = serve::ModelRepository::load(a.model_repository, repo_options);
@@ -146,6 +168,13 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--max-queue-delay-us", a->max_queue_delay_us,
                   "--model: how long a request may wait for its batch to fill (microseconds)")
       ->check(cli::non_negative_count());
+  cmd->add_option("--model-control-mode", a->model_control_mode,
+                  "none: every model loads at start; explicit: --load-model ones, then clients load and unload; "
+                  "poll: every model, and the repository is rescanned every --repository-poll-secs")
+      ->check(CLI::IsMember({"none", "explicit", "poll"}));
+  cmd->add_option("--load-model", a->load_models, "explicit mode: a model to load at start ('*': all); repeatable");
+  cmd->add_option("--repository-poll-secs", a->repository_poll_secs, "poll mode: seconds between rescans")
+      ->check(cli::positive_number());
   cmd->add_option("--http-address", a->http_address,
                   "Address to listen on (0.0.0.0: every interface; see --auth-token-file)");
   cmd->add_option("--http-port", a->http_port, "KServe v2 HTTP port (0: any free port, printed)")

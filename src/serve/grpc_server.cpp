@@ -195,9 +195,9 @@ class GrpcInferenceService final
     return answered(context, [&] {
       authorize(*context);
       if (request->name().empty()) {
-        for (const ServedModel& m : state_.repository.models())
-          for (const ServedVersion& v : m.versions)
-            write_statistics(m.name, std::to_string(v.version), v.statistics->snapshot(), *response->add_model_stats());
+        for (const auto& m : state_.repository.models())
+          for (const ServedVersion& v : m->versions)
+            write_statistics(m->name, std::to_string(v.version), v.statistics->snapshot(), *response->add_model_stats());
         return;
       }
       const Target t = find_target(state_, request->name(), request->version());
@@ -221,6 +221,30 @@ class GrpcInferenceService final
         m->set_state(e.state);
         m->set_reason(e.reason);
       }
+    });
+  }
+
+  // Triton's model repository extension. No parameter is read ("config" overrides are refused, as
+  // over HTTP; "unload_dependents" changes nothing without ensembles).
+  grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* context,
+                                                const inference::RepositoryModelLoadRequest* request,
+                                                inference::RepositoryModelLoadResponse*) override {
+    return answered(context, [&] {
+      authorize(*context);
+      for (const auto& [key, value] : request->parameters())
+        if (key == "config" || key.rfind("file:", 0) == 0)
+          throw HttpError(400, "a config or file override is not supported by this server: edit the model's "
+                               "files in the repository and load it again");
+      control_model(state_, request->model_name(), /*load=*/true);
+    });
+  }
+
+  grpc::ServerUnaryReactor* RepositoryModelUnload(grpc::CallbackServerContext* context,
+                                                  const inference::RepositoryModelUnloadRequest* request,
+                                                  inference::RepositoryModelUnloadResponse*) override {
+    return answered(context, [&] {
+      authorize(*context);
+      control_model(state_, request->model_name(), /*load=*/false);
     });
   }
 

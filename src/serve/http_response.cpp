@@ -86,7 +86,7 @@ InferResponse make_infer_response(const InferRequest& request, const ModelConfig
 nlohmann::json server_metadata() {
   return {{"name", "lockstep"},
           {"version", "0.1.0"},
-          {"extensions", {"binary_tensor_data", "statistics", "model_configuration"}}};
+          {"extensions", {"binary_tensor_data", "statistics", "model_configuration", "model_repository"}}};
 }
 
 std::string model_platform(const ModelConfig& config) {

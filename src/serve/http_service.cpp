@@ -15,6 +15,7 @@ namespace {
 
 constexpr const char* kJson = "application/json";
 constexpr std::string_view kModels = "/v2/models/";
+constexpr std::string_view kRepositoryModels = "/v2/repository/models/";
 
 http::Response json_response(int status, const nlohmann::json& body) {
   http::Response r;
@@ -99,7 +100,35 @@ http::Response model_route(const ServiceState& state, const http::Request& req, 
   return json_response(200, model_metadata(*t.model->config, versions));
 }
 
-http::Response route(const ServiceState& state, const http::Request& req) {
+// POST /v2/repository/models/{m}/load or /unload, with an optional JSON body whose "parameters" may
+// hold "unload_dependents" (no ensembles here: nothing depends on a model). A "config" override is
+// refused: the model loads from its config.pbtxt.
+http::Response control_route(ServiceState& state, const http::Request& req, std::string_view rest) {
+  const size_t slash = rest.rfind('/');
+  const std::string name(rest.substr(0, slash == std::string_view::npos ? 0 : slash));
+  const std::string_view action = slash == std::string_view::npos ? rest : rest.substr(slash + 1);
+  if (name.empty() || name.find('/') != std::string::npos || (action != "load" && action != "unload"))
+    throw HttpError(404, "no endpoint " + req.method + " " + req.path);
+  if (!req.body.empty()) {
+    const nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (!body.is_object()) throw HttpError(400, "a load or unload body is a JSON object, e.g. {\"parameters\": {}}");
+    const auto parameters = body.find("parameters");
+    if (parameters != body.end() && !parameters->is_object())
+      throw HttpError(400, "\"parameters\" must be an object, got " + parameters->dump());
+    if (parameters != body.end())
+      for (const auto& item : parameters->items()) {
+        if (item.key() == "config")
+          throw HttpError(400, "a config override is not supported by this server: edit '" + name +
+                                   "/config.pbtxt' in the repository and load the model again");
+        if (item.key() != "unload_dependents")
+          throw HttpError(400, "parameter '" + item.key() + "' is not supported by this server");
+      }
+  }
+  control_model(state, name, action == "load");
+  return json_response(200, nlohmann::json::object());
+}
+
+http::Response route(ServiceState& state, const http::Request& req) {
   const std::string& p = req.path;
   const bool get = req.method == "GET", post = req.method == "POST";
   if (get && p == "/v2/health/live") return http::Response{};
@@ -111,8 +140,8 @@ http::Response route(const ServiceState& state, const http::Request& req) {
   if (get && p == "/v2") return json_response(200, server_metadata());
   if (get && p == "/v2/models/stats") {
     nlohmann::json all = nlohmann::json::array();
-    for (const ServedModel& m : state.repository.models())
-      for (const nlohmann::json& s : stats_of(m, nullptr)) all.push_back(s);
+    for (const auto& m : state.repository.models())
+      for (const nlohmann::json& s : stats_of(*m, nullptr)) all.push_back(s);
     return json_response(200, {{"model_stats", all}});
   }
   if (post && p == "/v2/repository/index") {
@@ -126,6 +155,8 @@ http::Response route(const ServiceState& state, const http::Request& req) {
     }
     return json_response(200, index);
   }
+  if (post && p.rfind(kRepositoryModels, 0) == 0)
+    return control_route(state, req, std::string_view(p).substr(kRepositoryModels.size()));
   if (p.rfind(kModels, 0) == 0)
     if (const auto path = model_path(std::string_view(p).substr(kModels.size())))
       if ((path->action == "infer") == post && (post || get)) return model_route(state, req, *path);
@@ -170,9 +201,9 @@ http::Handler metrics_handler(const ModelRepository& repository, std::string aut
       check_bearer(token, req.header("authorization"));
       if (req.method != "GET" || req.path != "/metrics") throw HttpError(404, "no endpoint " + req.method + " " + req.path);
       std::vector<LabelledSnapshot> versions;
-      for (const ServedModel& m : repository.models())
-        for (const ServedVersion& v : m.versions)
-          versions.push_back({m.name, std::to_string(v.version), v.statistics->snapshot()});
+      for (const auto& m : repository.models())
+        for (const ServedVersion& v : m->versions)
+          versions.push_back({m->name, std::to_string(v.version), v.statistics->snapshot()});
       http::Response r;
       r.content_type = "text/plain; version=0.0.4";
       r.body = prometheus_text(versions);

@@ -2,140 +2,27 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
-#include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 
-#include "lockstep/core/atomic_file.h"
-#include "lockstep/core/process.h"
-#include "lockstep/export/weights_file.h"
-#include "lockstep/infer/predictor.h"
-#include "lockstep/models/torchscript_module.h"
-#include "lockstep/models/zoo.h"
-#include "torchscript_instance.h"
+#include "model_files.h"
 
 namespace lockstep::serve {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr const char* kConfigFile = "config.pbtxt";
-constexpr const char* kWeightsFile = "model.pt";
-
-// A version directory's number: a decimal name without a leading zero (Triton ignores the rest).
-std::optional<int64_t> version_number(const std::string& name) {
-  if (name.empty() || name.size() > 18 || name[0] == '0' ||
-      !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return std::nullopt;
-  return std::stoll(name);
+std::shared_ptr<ServedModel> unloaded_model(const std::string& name) {
+  auto m = std::make_shared<ServedModel>();
+  m->name = name;
+  m->loaded = false;
+  m->reason = "unloaded";
+  return m;
 }
 
-// "INPUT__0 [1, 16] TYPE_FP32" for each of `specs`, as a request of one sample has them.
-std::string shapes_text(const ModelConfig& config, const std::vector<TensorSpec>& specs) {
-  std::vector<std::string> items;
-  for (const TensorSpec& t : specs)
-    items.push_back("'" + t.name + "' " + c10::str(c10::IntArrayRef(request_shape(config, t, 1))) + " TYPE_" + t.datatype);
-  return c10::Join(", ", items);
-}
-
-// The module a version's instances share, loaded from `file` (see Note [Intra-op threads of
-// instances]) and checked with one forward of a zero sample of each input as config.pbtxt declares it.
-Batcher::Instance load_instance(const ModelConfig& config, const std::string& file) {
-  Batcher::Instance instance;
-  if (config.format == ModelFormat::kTorchScript) {
-    instance = torchscript_instance(config, file);
-  } else {
-    auto model = models::make_model(config.architecture, config.outputs.at(0).dims.at(0));
-    exporting::load_weights(*model, config.architecture, file);
-    auto predictor = std::make_shared<infer::Predictor>(torch::nn::AnyModule(model));
-    instance = Batcher::one_tensor([predictor](const torch::Tensor& input) { return predictor->forward(input); });
-  }
-  Tensors zeros;
-  for (const TensorSpec& t : config.inputs)
-    zeros.push_back(torch::zeros(request_shape(config, t, 1), torch::dtype(scalar_type(t.datatype))));
-  Tensors out;
-  try {
-    out = instance(zeros);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "model '", config.name, "' ('", file, "') fails on zero inputs as config.pbtxt declares them (",
-                shapes_text(config, config.inputs), "): ", models::script_error_message(e));
-  }
-  TORCH_CHECK(out.size() == config.outputs.size(), "model '", config.name, "' ('", file, "') returns ", out.size(),
-              " output(s) where config.pbtxt declares ", config.outputs.size());
-  for (size_t i = 0; i < out.size(); ++i) {
-    const std::vector<int64_t> expected = request_shape(config, config.outputs[i], 1);
-    TORCH_CHECK(out[i].sizes() == c10::IntArrayRef(expected), "model '", config.name, "' ('", file, "') returns shape ",
-                out[i].sizes(), " for output '", config.outputs[i].name, "' on one sample, not the ",
-                c10::IntArrayRef(expected), " config.pbtxt declares (outputs ", shapes_text(config, config.outputs), ")");
-  }
-  return instance;
-}
-
-ServedVersion load_version(const ModelConfig& config, int64_t version, const std::string& weights,
-                           int64_t threads_per_instance) {
-  ServedVersion v;
-  v.version = version;
-  v.statistics = std::make_unique<ModelStatistics>();
-  // See Note [Intra-op threads of instances]: one module, loaded once, run by every instance.
-  std::vector<Batcher::Instance> instances(static_cast<size_t>(config.instance_count), load_instance(config, weights));
-  v.batcher = std::make_unique<Batcher>(std::move(instances),
-                                        BatcherOptions()
-                                            .max_batch_size(config.max_batch_size)
-                                            .dynamic_batching(config.dynamic_batching)
-                                            .preferred_batch_sizes(config.preferred_batch_sizes)
-                                            .max_queue_delay_us(config.max_queue_delay_us)
-                                            .max_queue_size(config.max_queue_size)
-                                            .queue_timeout_us(config.queue_timeout_us)
-                                            .threads_per_instance(threads_per_instance),
-                                        *v.statistics);
-  return v;
-}
-
-int64_t share_threads(int64_t threads, int64_t instances) {
-  const int64_t total = threads > 0 ? threads : available_cores();
-  return std::max<int64_t>(1, total / std::max<int64_t>(1, instances));
-}
-
-// Loads the versions `model.config` selects from `directory`; on failure the model is not ready.
-void load_versions(ServedModel& model, const fs::path& directory, int64_t threads_per_instance) {
-  try {
-    std::vector<int64_t> available;
-    for (const auto& entry : fs::directory_iterator(directory))
-      if (const auto v = version_number(entry.path().filename().string()); v && entry.is_directory())
-        available.push_back(*v);
-    const std::vector<int64_t> chosen = select_versions(model.config->version_policy, available);
-    TORCH_CHECK(!chosen.empty(), "no version directory to serve in '", directory.string(),
-                "' (expected e.g. 1/model.pt)");
-    if (model.config->version_policy.kind == VersionPolicyKind::kSpecific)
-      for (int64_t v : model.config->version_policy.versions)
-        TORCH_CHECK(std::count(chosen.begin(), chosen.end(), v) == 1, "version_policy asks for version ", v,
-                    " but '", (directory / std::to_string(v)).string(), "' does not exist");
-    for (int64_t v : chosen) {
-      try {
-        model.versions.push_back(load_version(*model.config, v, (directory / std::to_string(v) / kWeightsFile).string(),
-                                              threads_per_instance));
-      } catch (const c10::Error& e) {
-        model.unavailable.push_back({v, e.what_without_backtrace()});
-      } catch (const std::exception& e) {
-        model.unavailable.push_back({v, e.what()});
-      }
-    }
-    if (model.versions.empty()) {
-      std::vector<std::string> reasons;
-      for (const UnavailableVersion& u : model.unavailable)
-        reasons.push_back(chosen.size() == 1 ? u.reason : "version " + std::to_string(u.version) + ": " + u.reason);
-      model.reason = c10::Join("; ", reasons);
-      model.unavailable.clear();  // the model itself is unavailable: the reason says why, version by version
-      return;
-    }
-    model.ready = true;
-  } catch (const c10::Error& e) {
-    model.versions.clear();
-    model.reason = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    model.versions.clear();
-    model.reason = e.what();
-  }
+const char* mode_name(ModelControlMode mode) {
+  return mode == ModelControlMode::kNone ? "none" : mode == ModelControlMode::kPoll ? "poll" : "explicit";
 }
 
 }  // namespace
@@ -148,65 +35,198 @@ const ServedVersion* ServedModel::find_version(const std::string& version) const
   return nullptr;
 }
 
+void ServedModel::stop() const {
+  for (const ServedVersion& v : versions) v.batcher->stop();
+}
+
 std::unique_ptr<ModelRepository> ModelRepository::load(const std::string& directory, RepositoryOptions options) {
   TORCH_CHECK_VALUE(fs::is_directory(directory), "model repository '", directory,
                     "' is not a directory; it holds one directory per model, each with config.pbtxt");
-  std::vector<fs::path> dirs;
-  for (const auto& entry : fs::directory_iterator(directory))
-    if (entry.is_directory()) dirs.push_back(entry.path());
-  std::sort(dirs.begin(), dirs.end());
-
-  std::unique_ptr<ModelRepository> repo(new ModelRepository());
+  const std::vector<std::string> names = model_directories(directory);
+  std::vector<std::string> startup = names;
+  if (options.model_control_mode() == ModelControlMode::kExplicit) {
+    const auto& asked = options.startup_models();
+    startup = std::find(asked.begin(), asked.end(), "*") != asked.end() ? names : asked;
+    for (const std::string& name : startup)
+      TORCH_CHECK_VALUE(std::binary_search(names.begin(), names.end(), name), "startup model '", name,
+                        "' has no directory in model repository '", directory, "'");
+  }
+  TORCH_CHECK_VALUE(options.poll_interval_s() > 0, "RepositoryOptions::poll_interval_s ", options.poll_interval_s(),
+                    " must be positive");
+  std::unique_ptr<ModelRepository> repo(new ModelRepository(options));
   repo->directory_ = directory;
-  int64_t instances = 0;
-  for (const fs::path& dir : dirs) {
-    ServedModel m;
-    m.name = dir.filename().string();
-    const fs::path config_path = dir / kConfigFile;
+  int64_t instances = 0;  // of every model that loads at start, for the threads' share
+  for (const std::string& name : startup) {
     try {
-      TORCH_CHECK_VALUE(fs::exists(config_path), "'", config_path.string(), "' does not exist");
-      const std::vector<char> bytes = read_file(config_path.string());
-      m.config = parse_model_config(std::string(bytes.begin(), bytes.end()), config_path.string(), m.name);
-      instances += m.config->instance_count;
-    } catch (const c10::Error& e) {
-      m.reason = e.what_without_backtrace();
+      instances += read_config(fs::path(directory) / name).instance_count;
+    } catch (const c10::Error&) {  // reported when the model is read below
     }
-    repo->models_.push_back(std::move(m));
   }
   repo->threads_per_instance_ = share_threads(options.threads(), instances);
-  for (size_t i = 0; i < repo->models_.size(); ++i)
-    if (repo->models_[i].config) load_versions(repo->models_[i], dirs[i], repo->threads_per_instance_);
+  for (const std::string& name : names) {
+    const bool loads = std::find(startup.begin(), startup.end(), name) != startup.end();
+    repo->models_[name] = loads ? repo->read_model(name) : unloaded_model(name);
+    if (loads) repo->fingerprints_[name] = fingerprint(fs::path(directory) / name);
+  }
+  if (options.model_control_mode() == ModelControlMode::kPoll)
+    repo->poller_ = std::thread([r = repo.get()] { r->poll_loop(); });
   return repo;
 }
 
 std::unique_ptr<ModelRepository> ModelRepository::single(const ModelConfig& config, const std::string& weights,
                                                          RepositoryOptions options) {
-  std::unique_ptr<ModelRepository> repo(new ModelRepository());
+  std::unique_ptr<ModelRepository> repo(new ModelRepository(options));
   repo->threads_per_instance_ = share_threads(options.threads(), config.instance_count);
-  ServedModel m;
-  m.name = config.name;
-  m.config = config;
-  m.versions.push_back(load_version(config, 1, weights, repo->threads_per_instance_));
-  m.ready = true;
-  repo->models_.push_back(std::move(m));
+  auto m = std::make_shared<ServedModel>();
+  m->name = config.name;
+  m->config = config;
+  m->versions.push_back(load_version(config, 1, weights, repo->threads_per_instance_));
+  m->ready = true;
+  repo->models_[m->name] = std::move(m);
   return repo;
 }
 
 ModelRepository::~ModelRepository() { stop(); }
 
-const ServedModel* ModelRepository::find(const std::string& name) const {
-  for (const ServedModel& m : models_)
-    if (m.name == name) return &m;
-  return nullptr;
+std::shared_ptr<ServedModel> ModelRepository::read_model(const std::string& name) const {
+  auto m = std::make_shared<ServedModel>();
+  m->name = name;
+  const fs::path dir = fs::path(directory_) / name;
+  try {
+    m->config = read_config(dir);
+  } catch (const c10::Error& e) {
+    m->reason = e.what_without_backtrace();
+    return m;
+  }
+  load_versions(*m, dir, threads_per_instance_);
+  return m;
+}
+
+std::vector<std::shared_ptr<const ServedModel>> ModelRepository::models() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::shared_ptr<const ServedModel>> out;
+  for (const auto& [name, m] : models_) out.push_back(m);
+  return out;
+}
+
+std::shared_ptr<const ServedModel> ModelRepository::find(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = models_.find(name);
+  return it == models_.end() ? nullptr : it->second;
 }
 
 bool ModelRepository::all_ready() const {
-  return std::all_of(models_.begin(), models_.end(), [](const ServedModel& m) { return m.ready; });
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::all_of(models_.begin(), models_.end(), [](const auto& m) { return m.second->ready; });
+}
+
+void ModelRepository::report(const std::string& name, const ServedModel* m) const {
+  if (!options_.on_change()) return;
+  if (m == nullptr || !m->loaded) return options_.on_change()("model '" + name + "' unloaded");
+  if (!m->ready) return options_.on_change()("model '" + name + "' failed to load: " + m->reason);
+  std::vector<int64_t> versions;
+  for (const ServedVersion& v : m->versions) versions.push_back(v.version);
+  options_.on_change()("model '" + name + "' loaded: version(s) " + c10::Join(", ", versions));
+}
+
+// See Note [Loading and unloading while serving]: the old model's queued requests run before this
+// returns; requests that hold it finish on their own threads.
+void ModelRepository::replace(const std::string& name, std::shared_ptr<const ServedModel> model) {
+  report(name, model.get());
+  std::shared_ptr<const ServedModel> old;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& slot = models_[name];
+    old = std::move(slot);
+    if (model)
+      slot = std::move(model);
+    else
+      models_.erase(name);
+  }
+  if (old) old->stop();
+}
+
+void ModelRepository::load_model(const std::string& name) {
+  if (mode() != ModelControlMode::kExplicit)
+    throw ModelControlRefused(std::string("this server's model control mode is '") + mode_name(mode()) +
+                              "': models load when it starts" +
+                              (mode() == ModelControlMode::kPoll ? " and when the repository changes" : "") +
+                              "; a server in 'explicit' mode loads and unloads them on request");
+  TORCH_CHECK_VALUE(!directory_.empty() && !name.empty() && name.find('/') == std::string::npos && name != "." &&
+                        name != ".." && fs::is_directory(fs::path(directory_) / name),
+                    "the model repository has no model directory '", name, "'");
+  std::lock_guard<std::mutex> control(control_);
+  std::shared_ptr<ServedModel> fresh = read_model(name);
+  const std::shared_ptr<const ServedModel> old = find(name);
+  TORCH_CHECK(fresh->config || !old || !old->ready, "model '", name, "' was not reloaded, and its loaded version(s) ",
+              "serve on: ", fresh->reason);
+  const std::string reason = fresh->reason;
+  const bool ready = fresh->ready;
+  replace(name, std::move(fresh));
+  TORCH_CHECK(ready, "model '", name, "' failed to load: ", reason);
+}
+
+void ModelRepository::unload_model(const std::string& name) {
+  if (mode() != ModelControlMode::kExplicit)
+    throw ModelControlRefused(std::string("this server's model control mode is '") + mode_name(mode()) +
+                              "': a server in 'explicit' mode loads and unloads models on request");
+  std::lock_guard<std::mutex> control(control_);
+  const std::shared_ptr<const ServedModel> old = find(name);
+  TORCH_CHECK_VALUE(old != nullptr && old->loaded, "model '", name, "' is not loaded");
+  replace(name, unloaded_model(name));
+}
+
+std::vector<std::string> ModelRepository::poll() {
+  std::lock_guard<std::mutex> control(control_);
+  std::vector<std::string> changed;
+  const std::vector<std::string> names = model_directories(directory_);
+  for (const std::string& name : names) {
+    const std::string now = fingerprint(fs::path(directory_) / name);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto it = fingerprints_.find(name);
+      if (it != fingerprints_.end() && it->second == now) continue;
+      fingerprints_[name] = now;
+    }
+    std::shared_ptr<ServedModel> fresh = read_model(name);
+    const std::shared_ptr<const ServedModel> old = find(name);
+    if (!fresh->config && old && old->ready) continue;  // a broken config.pbtxt: the old model serves on
+    replace(name, std::move(fresh));
+    changed.push_back(name);
+  }
+  for (const auto& m : models()) {
+    if (std::binary_search(names.begin(), names.end(), m->name)) continue;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fingerprints_.erase(m->name);
+    }
+    replace(m->name, nullptr);
+    changed.push_back(m->name);
+  }
+  return changed;
+}
+
+void ModelRepository::poll_loop() {
+  const auto interval = std::chrono::duration<double>(options_.poll_interval_s());
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_cv_.wait_for(lock, interval, [this] { return stopping_; })) {
+    lock.unlock();
+    try {
+      poll();
+    } catch (const std::exception&) {  // a directory that vanished mid-scan: the next rescan sees it
+    }
+    lock.lock();
+  }
 }
 
 void ModelRepository::stop() {
-  for (ServedModel& m : models_)
-    for (ServedVersion& v : m.versions) v.batcher->stop();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  if (poller_.joinable()) poller_.join();
+  for (const auto& m : models()) m->stop();
 }
 
 }  // namespace lockstep::serve

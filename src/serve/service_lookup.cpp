@@ -1,5 +1,6 @@
 #include "service_lookup.h"
 
+#include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
@@ -53,10 +54,10 @@ std::string public_reason(const ServiceState& state, const std::string& reason) 
 }
 
 Target find_target(const ServiceState& state, const std::string& name, const std::string& version) {
-  const ServedModel* model = state.repository.find(name);
+  std::shared_ptr<const ServedModel> model = state.repository.find(name);
   if (model == nullptr) {
     std::vector<std::string> names;
-    for (const ServedModel& m : state.repository.models()) names.push_back("'" + m.name + "'");
+    for (const auto& m : state.repository.models()) names.push_back("'" + m->name + "'");
     throw HttpError(404, "unknown model '" + name + "'; this server has " +
                              (names.empty() ? std::string("none") : c10::Join(", ", names)));
   }
@@ -72,25 +73,35 @@ Target find_target(const ServiceState& state, const std::string& name, const std
     throw HttpError(404, "model '" + name + "' has no version '" + version + "'; it serves version(s) " +
                              c10::Join(", ", versions));
   }
-  return {model, v};
+  return {std::move(model), v};
 }
 
 void check_ready(const ServiceState& state) {
   if (state.shutting_down) throw HttpError(503, "the server is shutting down");
-  for (const ServedModel& m : state.repository.models())
-    if (!m.ready && state.strict_readiness)
-      throw HttpError(503, "model '" + m.name + "' is not ready: " + public_reason(state, m.reason));
+  for (const auto& m : state.repository.models())  // a model not loaded on purpose does not count
+    if (m->loaded && !m->ready && state.strict_readiness)
+      throw HttpError(503, "model '" + m->name + "' is not ready: " + public_reason(state, m->reason));
 }
 
 std::vector<IndexEntry> repository_index(const ServiceState& state) {
   std::vector<IndexEntry> index;
-  for (const ServedModel& m : state.repository.models()) {
-    if (!m.ready) index.push_back({m.name, "", "UNAVAILABLE", public_reason(state, m.reason)});
-    for (const ServedVersion& v : m.versions) index.push_back({m.name, std::to_string(v.version), "READY", ""});
-    for (const UnavailableVersion& u : m.unavailable)
-      index.push_back({m.name, std::to_string(u.version), "UNAVAILABLE", public_reason(state, u.reason)});
+  for (const auto& m : state.repository.models()) {
+    if (!m->ready) index.push_back({m->name, "", "UNAVAILABLE", public_reason(state, m->reason)});
+    for (const ServedVersion& v : m->versions) index.push_back({m->name, std::to_string(v.version), "READY", ""});
+    for (const UnavailableVersion& u : m->unavailable)
+      index.push_back({m->name, std::to_string(u.version), "UNAVAILABLE", public_reason(state, u.reason)});
   }
   return index;
+}
+
+void control_model(ServiceState& state, const std::string& name, bool load) {
+  try {
+    load ? state.repository.load_model(name) : state.repository.unload_model(name);
+  } catch (const ModelControlRefused& e) {
+    throw HttpError(503, e.what());
+  } catch (const c10::Error& e) {
+    throw HttpError(400, public_reason(state, e.what_without_backtrace()));
+  }
 }
 
 }  // namespace lockstep::serve

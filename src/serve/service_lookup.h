@@ -5,6 +5,7 @@
 // the gRPC service maps each to its status code (grpc_status_code).
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,8 @@ std::string public_reason(const ServiceState& state, const std::string& reason);
 
 // The model and version a request names ("" version: the highest served).
 struct Target {
-  const ServedModel* model;
-  const ServedVersion* version;
+  std::shared_ptr<const ServedModel> model;  // held until the request is answered (Note [Loading and
+  const ServedVersion* version;              // unloading while serving]); `version` is one of its
 };
 // Throws HttpError 404 (an unknown model or version, naming what is served) or 503 (not ready, why).
 Target find_target(const ServiceState& state, const std::string& model, const std::string& version);
@@ -56,5 +57,10 @@ struct IndexEntry {
   std::string name, version, state, reason;  // state: "READY" or "UNAVAILABLE"
 };
 std::vector<IndexEntry> repository_index(const ServiceState& state);
+
+// A client's load (or unload) of model `name`. Throws HttpError 503 when the repository's mode does
+// not allow it, 400 naming why it failed (an unknown directory, a model that does not load, one not
+// loaded), as Triton answers them.
+void control_model(ServiceState& state, const std::string& name, bool load);
 
 }  // namespace lockstep::serve

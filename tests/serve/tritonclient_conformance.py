@@ -9,13 +9,14 @@ Prints one JSON line: {"tritonclient": VERSION, "checks": {NAME: "ok" or what we
 """
 import json
 import sys
-import traceback
 from importlib import metadata
 
 import numpy as np
 import torch
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+from client_checks import run_check
 
 MODEL = "two_input"
 # The server runs the same TorchScript module on the same kernels; batching with other requests
@@ -54,11 +55,7 @@ def main():
         return (rng.standard_normal((n, 1, 28, 28), dtype=np.float32), rng.standard_normal((n, 8), dtype=np.float32))
 
     def check(name, body):
-        try:
-            body()
-            checks[name] = "ok"
-        except Exception as e:  # each check reports what went wrong; the others still run
-            checks[name] = f"{type(e).__name__}: {e} | " + traceback.format_exc(limit=2).replace("\n", " ")
+        run_check(checks, name, body)
 
     def health():
         assert client.is_server_live(headers=dict(auth))

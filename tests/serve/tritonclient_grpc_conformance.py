@@ -13,7 +13,6 @@ import asyncio
 import json
 import queue
 import sys
-import traceback
 from importlib import metadata
 
 import grpc
@@ -23,6 +22,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
+
+from client_checks import run_check
 
 MODEL = "two_input"
 TOLERANCE = 1e-5  # the same module on the same kernels; batching changes only float32 rounding
@@ -79,11 +80,7 @@ def main():
         counted["requests"] += 1
 
     def check(name, body):
-        try:
-            body()
-            checks[name] = "ok"
-        except Exception as e:  # each check reports what went wrong; the others still run
-            checks[name] = f"{type(e).__name__}: {e} | " + traceback.format_exc(limit=3).replace("\n", " ")
+        run_check(checks, name, body)
 
     def health():
         assert client.is_server_live()  # the probes need no token, as HTTP's
@@ -94,7 +91,8 @@ def main():
 
     def server_metadata():
         m = client.get_server_metadata(headers=auth)
-        assert m.name == "lockstep" and m.version and "model_configuration" in m.extensions, m
+        assert m.name == "lockstep" and m.version, m
+        assert {"model_configuration", "model_repository"} <= set(m.extensions), m
 
     def model_metadata():
         m = client.get_model_metadata(MODEL, headers=auth)

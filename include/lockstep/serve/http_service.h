@@ -11,8 +11,8 @@ namespace lockstep::serve {
 
 // What the endpoints read besides the repository.
 struct ServiceState {
-  explicit ServiceState(const ModelRepository& r) : repository(r) {}
-  const ModelRepository& repository;
+  explicit ServiceState(ModelRepository& r) : repository(r) {}
+  ModelRepository& repository;  // non-const: the model control endpoints load and unload
   std::atomic<bool> shutting_down{false};  // set on SIGTERM: /v2/health/ready answers 503
   bool strict_readiness = true;            // ready only when every model is (Triton's default)
   // When set, every endpoint but /v2/health/live and /v2/health/ready (the probes an orchestrator
@@ -26,7 +26,8 @@ struct ServiceState {
 };
 
 // GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{m}[/versions/{v}][/ready|/stats],
-// /v2/models/stats; POST /v2/models/{m}[/versions/{v}]/infer and /v2/repository/index. Every
+// /v2/models/stats; POST /v2/models/{m}[/versions/{v}]/infer, /v2/repository/index and
+// /v2/repository/models/{m}/load|unload (Triton's model repository extension). Every
 // error is {"error": "..."}: 400 a bad request, 401 no or a wrong bearer token, 404 an unknown
 // model, version or path, 413 a body over the limit, 503 a model not ready or a full queue, 500 a
 // failed forward.
