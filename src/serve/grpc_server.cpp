@@ -157,7 +157,8 @@ class GrpcInferenceService final
       return reactor;
     }
     const auto start = std::chrono::steady_clock::now();
-    const ServedVersion* counted = nullptr;  // the version whose statistics count the call
+    std::shared_ptr<const ServedModel> held;  // alive while `counted` is used (an unload may race)
+    const ServedVersion* counted = nullptr;   // the version whose statistics count the call
     const grpc::Status refused = grpc_guarded([&] {
       authorize(*context);
       inference::ModelInferRequest request;
@@ -168,6 +169,7 @@ class GrpcInferenceService final
         throw HttpError(400, "the message is not a ModelInferRequest: protobuf cannot parse its " +
                                  std::to_string(bytes->Length()) + " bytes");
       const Target t = find_target(state_, request.model_name(), request.model_version());
+      held = t.model;
       counted = t.version;
       const auto& config = *t.model->config;  // (ModelConfig names the call here)
       InferRequest parsed = parse_grpc_infer_request(request, config);
