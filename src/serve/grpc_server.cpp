@@ -37,14 +37,9 @@ grpc::Status grpc_guarded(F&& call) {
   try {
     call();
     return grpc::Status::OK;
-  } catch (const HttpError& e) {
-    return {grpc_status_code(e.status()), e.what()};
-  } catch (const Unavailable& e) {
-    return {grpc::StatusCode::UNAVAILABLE, e.what()};
-  } catch (const c10::Error& e) {
-    return {grpc::StatusCode::INTERNAL, std::string("inference failed: ") + e.what_without_backtrace()};
-  } catch (const std::exception& e) {
-    return {grpc::StatusCode::INTERNAL, std::string("inference failed: ") + e.what()};
+  } catch (const std::exception&) {
+    const Refusal refused = refusal(std::current_exception());
+    return {grpc_status_code(refused.status), refused.message};
   }
 }
 

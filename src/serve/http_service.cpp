@@ -168,16 +168,11 @@ template <typename F>
 http::Response guarded(F&& handler) {
   try {
     return handler();
-  } catch (const HttpError& e) {
-    http::Response r = error_response(e.status(), e.what());
-    if (e.status() == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"lockstep\"");
+  } catch (const std::exception&) {
+    const Refusal refused = refusal(std::current_exception());
+    http::Response r = error_response(refused.status, refused.message);
+    if (refused.status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"lockstep\"");
     return r;
-  } catch (const Unavailable& e) {
-    return error_response(503, e.what());
-  } catch (const c10::Error& e) {
-    return error_response(500, std::string("inference failed: ") + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return error_response(500, std::string("inference failed: ") + e.what());
   }
 }
 

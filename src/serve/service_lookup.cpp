@@ -76,6 +76,20 @@ Target find_target(const ServiceState& state, const std::string& name, const std
   return {std::move(model), v};
 }
 
+Refusal refusal(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const HttpError& e) {
+    return {e.status(), e.what()};
+  } catch (const Unavailable& e) {
+    return {503, e.what()};
+  } catch (const c10::Error& e) {
+    return {500, std::string("inference failed: ") + e.what_without_backtrace()};
+  } catch (const std::exception& e) {
+    return {500, std::string("inference failed: ") + e.what()};
+  }
+}
+
 void check_ready(const ServiceState& state) {
   if (state.shutting_down) throw HttpError(503, "the server is shutting down");
   for (const auto& m : state.repository.models())  // a model not loaded on purpose does not count

@@ -5,6 +5,7 @@
 // the gRPC service maps each to its status code (grpc_status_code).
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,15 @@ auto counted_request(const ServedVersion& version, F&& infer) {
     throw;
   }
 }
+
+// What a request's handler threw (`error`, a std::exception), as the answer: the HTTP status (gRPC
+// maps it: grpc_status_code) and the message. HttpError keeps its own; Unavailable (a full queue, a
+// stopping batcher) is 503; anything else is a failed inference, 500.
+struct Refusal {
+  int status;
+  std::string message;
+};
+Refusal refusal(std::exception_ptr error);
 
 // Throws HttpError(503) naming why the server is not ready: shutting down, or (strict readiness) a
 // model that is not.

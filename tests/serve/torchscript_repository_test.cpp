@@ -143,6 +143,27 @@ class TorchScriptRepository : public ::testing::Test {
     repo_ = dir_ / "models";
   }
 
+  // The two_input model behind a bearer token, driven by tests/serve/SCRIPT (a tritonclient
+  // conformance script) at the server's gRPC target or HTTP URL: the report the script prints.
+  nlohmann::json conformance(const std::string& script, bool grpc) {
+    const std::string token = "a-token-of-the-test-0123456789";
+    std::ofstream(dir_ / "token") << token << "\n";
+    namespace fs = std::filesystem;
+    fs::permissions(dir_ / "token", fs::perms::owner_read | fs::perms::owner_write);
+    testing::write_repository_model(repo_, "two_input", kTwoInputConfig, dir_ / "two_input.pt");
+    testing::ServeProcess server({"--model-repository", repo_, "--threads", "2", "--auth-token-file", dir_ / "token"},
+                                 dir_ / "log");
+    if (!server.wait_ready() || (grpc && server.grpc_port() == 0)) {
+      ADD_FAILURE() << server.log();
+      return nlohmann::json::object();
+    }
+    const auto r = testing::run_command(std::string(LOCKSTEP_PYTHON) + " " + LOCKSTEP_SOURCE_DIR + "/tests/serve/" +
+                                        script + " " + (grpc ? server.grpc_target() : server.url("")) + " " +
+                                        (dir_ / "two_input.pt") + " " + token + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(testing::last_json_line(r.output), nullptr, /*allow_exceptions=*/false);
+  }
+
   testing::TempDir dir_;
   nlohmann::json io_;
   std::string repo_;
@@ -324,19 +345,8 @@ TEST_F(TorchScriptRepository, AModuleThatDoesNotFitItsConfigIsNamedWithWhatWasEx
 TEST_F(TorchScriptRepository, TritonsHttpClientWorksThroughItsApi) {
   if (testing::run_command(std::string(LOCKSTEP_PYTHON) + " -c 'import tritonclient.http'").exit_code != 0)
     GTEST_SKIP() << "tritonclient is not installed in the venv (scripts/bootstrap --test)";
-  const std::string token = "a-token-of-the-test-0123456789";
-  std::ofstream(dir_ / "token") << token << "\n";
-  namespace fs = std::filesystem;
-  fs::permissions(dir_ / "token", fs::perms::owner_read | fs::perms::owner_write);
-  testing::write_repository_model(repo_, "two_input", kTwoInputConfig, dir_ / "two_input.pt");
-  testing::ServeProcess server({"--model-repository", repo_, "--threads", "2", "--auth-token-file", dir_ / "token"},
-                               dir_ / "log");
-  ASSERT_TRUE(server.wait_ready()) << server.log();
-  const std::string script = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/serve/tritonclient_conformance.py";
-  const auto r = testing::run_command(std::string(LOCKSTEP_PYTHON) + " " + script + " " + server.url("") + " " +
-                                      (dir_ / "two_input.pt") + " " + token + " 2>&1");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto report = nlohmann::json::parse(testing::last_json_line(r.output));
+  const nlohmann::json report = conformance("tritonclient_conformance.py", /*grpc=*/false);
+  ASSERT_TRUE(report.contains("checks")) << report;
   std::cout << "[ measured ] tritonclient " << report["tritonclient"].get<std::string>() << ", "
             << report["checks"].size() << " checks\n";
   EXPECT_EQ(report["checks"].size(), 12u);
@@ -352,20 +362,8 @@ TEST_F(TorchScriptRepository, TritonsHttpClientWorksThroughItsApi) {
 TEST_F(TorchScriptRepository, TritonsGrpcClientWorksThroughItsApi) {
   if (testing::run_command(std::string(LOCKSTEP_PYTHON) + " -c 'import tritonclient.grpc'").exit_code != 0)
     GTEST_SKIP() << "tritonclient[grpc] is not installed in the venv (scripts/bootstrap --test)";
-  const std::string token = "a-token-of-the-test-0123456789";
-  std::ofstream(dir_ / "token") << token << "\n";
-  namespace fs = std::filesystem;
-  fs::permissions(dir_ / "token", fs::perms::owner_read | fs::perms::owner_write);
-  testing::write_repository_model(repo_, "two_input", kTwoInputConfig, dir_ / "two_input.pt");
-  testing::ServeProcess server({"--model-repository", repo_, "--threads", "2", "--auth-token-file", dir_ / "token"},
-                               dir_ / "log");
-  ASSERT_TRUE(server.wait_ready()) << server.log();
-  ASSERT_NE(server.grpc_port(), 0) << server.log();
-  const std::string script = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/serve/tritonclient_grpc_conformance.py";
-  const auto r = testing::run_command(std::string(LOCKSTEP_PYTHON) + " " + script + " " + server.grpc_target() + " " +
-                                      (dir_ / "two_input.pt") + " " + token + " 2>&1");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto report = nlohmann::json::parse(testing::last_json_line(r.output));
+  const nlohmann::json report = conformance("tritonclient_grpc_conformance.py", /*grpc=*/true);
+  ASSERT_TRUE(report.contains("checks")) << report;
   std::cout << "[ measured ] tritonclient " << report["tritonclient"].get<std::string>() << ", grpcio "
             << report["grpcio"].get<std::string>() << ", " << report["checks"].size() << " checks\n";
   EXPECT_EQ(report["checks"].size(), 12u);
