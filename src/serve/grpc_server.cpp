@@ -194,7 +194,8 @@ class GrpcInferenceService final
       if (request->name().empty()) {
         for (const auto& m : state_.repository.models())
           for (const ServedVersion& v : m->versions)
-            write_statistics(m->name, std::to_string(v.version), v.statistics->snapshot(), *response->add_model_stats());
+            write_statistics(m->name, std::to_string(v.version), v.statistics->snapshot(),
+                             *response->add_model_stats());
         return;
       }
       const Target t = find_target(state_, request->name(), request->version());
