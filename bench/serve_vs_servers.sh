@@ -11,9 +11,9 @@
 # KServe v2 binary for lockstep and Triton, the same 3136 float32 bytes to /predictions/convnet for
 # TorchServe) and gRPC (bench/grpc_load.cpp, KServe v2 ModelInfer with raw input contents, for
 # lockstep and Triton; TorchServe's gRPC is its own service, not KServe v2's). Triton's perf_analyzer
-# is not on the PyPI these machines reach (docs/serving.md). Every round runs each concurrency on
-# every server and protocol, alternating; medians over the rounds of requests/s, p50/p99 (ms) and
-# failures, and the server's resident memory (the whole process tree: Triton's stub and PyTriton's
+# is not on the PyPI these machines reach (docs/serving.md). Each round starts every server alone in
+# turn (a different one first each round), runs every concurrency and protocol on it and stops it;
+# medians over the rounds of requests/s, p50/p99 (ms) and failures, and the server's resident memory (the whole process tree: Triton's stub and PyTriton's
 # Python process, TorchServe's Java front end and its worker) after the round.
 # Usage: [ROUNDS=3] bench/serve_vs_servers.sh [REQUESTS=4000] [THREADS=1]
 #        (after make build, scripts/bootstrap --test and bench/peers_env.sh)
