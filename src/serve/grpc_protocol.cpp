@@ -20,6 +20,29 @@ void refuse_parameters(const Map& parameters, const std::string& what) {
   bad_request(what + " parameter(s) " + c10::Join(", ", keys) + " are not supported by this server (it reads none)");
 }
 
+// An input's parameters: `binary_data_size`, which KServe's gRPC client sets beside each input's
+// raw_input_contents (the HTTP binary extension's name, where it is needed to cut the body), is
+// read as a check on those bytes; any other is refused as above.
+void check_input_parameters(const inference::ModelInferRequest::InferInputTensor& input, const std::string& what,
+                            const std::string* raw) {
+  auto parameters = input.parameters();
+  const auto size = parameters.find("binary_data_size");
+  if (size != parameters.end()) {
+    const inference::InferParameter& p = size->second;
+    const bool integer = p.has_int64_param() || p.has_uint64_param();
+    const uint64_t value = p.has_int64_param() ? static_cast<uint64_t>(p.int64_param()) : p.uint64_param();
+    if (raw == nullptr)
+      bad_request(what + " has parameter 'binary_data_size' but the request has no raw_input_contents; send its " +
+                  "bytes there or drop the parameter");
+    if (!integer || (p.has_int64_param() && p.int64_param() < 0) || value != raw->size())
+      bad_request(what + " has parameter 'binary_data_size' " + size->second.ShortDebugString() +
+                  " but its raw_input_contents hold " + std::to_string(raw->size()) +
+                  " bytes; give the bytes' count as an integer, or no such parameter");
+    parameters.erase(size);
+  }
+  refuse_parameters(parameters, what);
+}
+
 // `values` (a repeated field of the contents) as a tensor of `spec`'s datatype and `shape`.
 template <typename Repeated>
 torch::Tensor tensor_of(const Repeated& values, c10::ScalarType stored, const TensorSpec& spec,
@@ -110,7 +133,7 @@ InferRequest parse_grpc_infer_request(const inference::ModelInferRequest& m, con
                   "' takes " + spec->datatype);
     const std::vector<int64_t> shape(input.shape().begin(), input.shape().end());
     check_input_shape(shape, *spec, config);
-    refuse_parameters(input.parameters(), "input '" + spec->name + "'");
+    check_input_parameters(input, "input '" + spec->name + "'", raw ? &m.raw_input_contents(i) : nullptr);
     if (raw && input.has_contents())  // as Triton refuses them
       bad_request("input '" + spec->name +
                   "' has both contents and raw_input_contents; give its values in one of them");
@@ -168,6 +191,7 @@ void write_model_config(const ModelConfig& config, inference::ModelConfig& out) 
     out.set_backend("pytorch");
   } else {
     out.set_backend("lockstep");
+    (*out.mutable_parameters())["architecture"].set_string_value(config.architecture);
   }
   const VersionPolicy& v = config.version_policy;
   switch (v.kind) {

@@ -222,18 +222,24 @@ class GrpcInferenceService final
     });
   }
 
-  // Triton's model repository extension. No parameter is read ("config" overrides are refused, as
-  // over HTTP; "unload_dependents" changes nothing without ensembles).
+  // Triton's model repository extension, as over HTTP: a load's "config" override is read,
+  // "unload_dependents" changes nothing without ensembles, "file:" overrides are refused.
   grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* context,
                                                 const inference::RepositoryModelLoadRequest* request,
                                                 inference::RepositoryModelLoadResponse*) override {
     return answered(context, [&] {
       authorize(*context);
-      for (const auto& [key, value] : request->parameters())
-        if (key == "config" || key.rfind("file:", 0) == 0)
-          throw HttpError(400, "a config or file override is not supported by this server: edit the model's "
-                               "files in the repository and load it again");
-      control_model(state_, request->model_name(), /*load=*/true);
+      std::optional<std::string> config;
+      for (const auto& [key, value] : request->parameters()) {
+        if (key == "config" && value.has_string_param()) {
+          config = value.string_param();
+        } else if (key == "config") {
+          throw HttpError(400, "parameter 'config' is the model configuration as JSON in string_param");
+        } else if (key != "unload_dependents") {
+          refuse_control_parameter(key);
+        }
+      }
+      control_model(state_, request->model_name(), /*load=*/true, config);
     });
   }
 

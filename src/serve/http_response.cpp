@@ -127,8 +127,9 @@ nlohmann::json model_config_json(const ModelConfig& config) {
   if (config.format == ModelFormat::kTorchScript) {
     c["platform"] = "pytorch_libtorch";
     c["backend"] = "pytorch";
-  } else {
+  } else {  // the reference model, so that the config loads again as a load's override
     c["backend"] = "lockstep";
+    c["parameters"] = {{"architecture", {{"string_value", config.architecture}}}};
   }
   c["version_policy"] = policy;
   c["max_batch_size"] = config.max_batch_size;

@@ -89,7 +89,7 @@ http::Response model_route(const ServiceState& state, const http::Request& req, 
   if (path.action == "infer") return infer(t, req);
   if (path.action == "ready") {
     if (state.shutting_down) throw HttpError(503, "the server is shutting down");
-    return http::Response{};
+    return json_response(200, {{"name", t.model->name}, {"ready", true}});
   }
   if (path.action == "stats")
     return json_response(200, {{"model_stats", stats_of(*t.model, path.version.empty() ? nullptr : t.version)}});
@@ -101,14 +101,16 @@ http::Response model_route(const ServiceState& state, const http::Request& req, 
 }
 
 // POST /v2/repository/models/{m}/load or /unload, with an optional JSON body whose "parameters" may
-// hold "unload_dependents" (no ensembles here: nothing depends on a model). A "config" override is
-// refused: the model loads from its config.pbtxt.
+// hold a load's "config" override (the configuration as a JSON string, used in place of
+// config.pbtxt) and "unload_dependents" (no ensembles here: nothing depends on a model). Triton's
+// "file:" overrides (model files in the request) are refused: the versions are the repository's.
 http::Response control_route(ServiceState& state, const http::Request& req, std::string_view rest) {
   const size_t slash = rest.rfind('/');
   const std::string name(rest.substr(0, slash == std::string_view::npos ? 0 : slash));
   const std::string_view action = slash == std::string_view::npos ? rest : rest.substr(slash + 1);
   if (name.empty() || name.find('/') != std::string::npos || (action != "load" && action != "unload"))
     throw HttpError(404, "no endpoint " + req.method + " " + req.path);
+  std::optional<std::string> config;
   if (!req.body.empty()) {
     const nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
     if (!body.is_object()) throw HttpError(400, "a load or unload body is a JSON object, e.g. {\"parameters\": {}}");
@@ -117,24 +119,29 @@ http::Response control_route(ServiceState& state, const http::Request& req, std:
       throw HttpError(400, "\"parameters\" must be an object, got " + parameters->dump());
     if (parameters != body.end())
       for (const auto& item : parameters->items()) {
-        if (item.key() == "config")
-          throw HttpError(400, "a config override is not supported by this server: edit '" + name +
-                                   "/config.pbtxt' in the repository and load the model again");
-        if (item.key() != "unload_dependents")
-          throw HttpError(400, "parameter '" + item.key() + "' is not supported by this server");
+        if (item.key() == "config" && action == "load") {
+          if (!item.value().is_string())
+            throw HttpError(400, "parameter \"config\" is the model configuration as a JSON string, got " +
+                                     std::string(item.value().type_name()));
+          config = item.value().get<std::string>();
+        } else if (item.key() != "unload_dependents") {
+          refuse_control_parameter(item.key());
+        }
       }
   }
-  control_model(state, name, action == "load");
+  control_model(state, name, action == "load", config);
   return json_response(200, nlohmann::json::object());
 }
 
 http::Response route(ServiceState& state, const http::Request& req) {
   const std::string& p = req.path;
   const bool get = req.method == "GET", post = req.method == "POST";
-  if (get && p == "/v2/health/live") return http::Response{};
+  // The status is the answer (Triton's clients read only it); the body is the KServe v2 spec's
+  // {"live": true} / {"ready": true}, which KServe's own REST client parses.
+  if (get && p == "/v2/health/live") return json_response(200, {{"live", true}});
   if (get && p == "/v2/health/ready") {
     check_ready(state);
-    return http::Response{};
+    return json_response(200, {{"ready", true}});
   }
   check_bearer(state.auth_token, req.header("authorization"));
   if (get && p == "/v2") return json_response(200, server_metadata());

@@ -4,6 +4,7 @@
 #include <c10/util/StringUtil.h>
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
+#include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 #include <set>
@@ -144,6 +145,42 @@ ModelConfig torchscript_config(const proto::ModelConfig& p, ModelConfig c, const
   return c;
 }
 
+// The checks every config passes, however it was written (config.pbtxt, or a load's JSON override).
+ModelConfig config_of(const proto::ModelConfig& p, const std::string& source, const std::string& directory_name) {
+  ModelConfig c;
+  c.name = p.name().empty() ? directory_name : p.name();
+  TORCH_CHECK_VALUE(c.name == directory_name, source, ": name '", p.name(), "' differs from its directory '",
+                    directory_name, "'; a model's name is its directory's name");
+  const std::string backend = !p.backend().empty() ? p.backend() : p.platform();
+  if (backend == "pytorch" || backend == "pytorch_libtorch") return torchscript_config(p, std::move(c), source);
+  TORCH_CHECK_VALUE(backend == "lockstep", source, ": ", p.backend().empty() ? "platform" : "backend", " '", backend,
+                    "' is not served here; set backend: \"lockstep\" (the weights of a lockstep reference model) or ",
+                    "platform: \"pytorch_libtorch\" (a TorchScript model.pt, as Triton's PyTorch backend)");
+  const auto architecture = p.parameters().find("architecture");
+  c.architecture = architecture != p.parameters().end() ? architecture->second.string_value() : c.name;
+  for (const auto& item : p.parameters())
+    TORCH_CHECK_VALUE(item.first == "architecture", source, ": unknown parameter '", item.first,
+                      "'; the one parameter is \"architecture\"");
+  TORCH_CHECK_VALUE(std::count(models::model_names().begin(), models::model_names().end(), c.architecture) == 1,
+                    source, ": '", c.architecture, "' is not a reference model (", c10::Join(", ", models::model_names()),
+                    "); name the model after one, or add parameters { key: \"architecture\" value: { string_value: \"convnet\" } }");
+
+  TORCH_CHECK_VALUE(p.max_batch_size() >= 1, source, ": max_batch_size ", p.max_batch_size(),
+                    " must be at least 1 (the reference models take a batch dimension)");
+  c.max_batch_size = p.max_batch_size();
+  TORCH_CHECK_VALUE(p.input_size() == 1 && p.output_size() == 1, source, ": ", p.input_size(), " input(s) and ",
+                    p.output_size(), " output(s); a reference model has exactly one of each");
+  const TensorSpec& input = c.inputs.at(0) = tensor_spec(p.input(0), "input", source, /*fp32_only=*/true);
+  const TensorSpec& output = c.outputs.at(0) = tensor_spec(p.output(0), "output", source, /*fp32_only=*/true);
+  const std::vector<int64_t> shape = models::input_shape(c.architecture);
+  TORCH_CHECK_VALUE(input.dims == shape, source, ": input '", input.name, "' dims ", dims_text(input.dims),
+                    " do not fit a ", c.architecture, ", which takes ", dims_text(shape), " per sample");
+  TORCH_CHECK_VALUE(output.dims.size() == 1 && output.dims[0] >= 2, source, ": output '", output.name,
+                    "' dims ", dims_text(output.dims), " must be [classes], e.g. [10]");
+  read_scheduling(p, c, source);
+  return c;
+}
+
 }  // namespace
 
 const std::vector<std::string>& served_datatypes() {
@@ -184,39 +221,22 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
   TORCH_CHECK_VALUE(parser.ParseFromString(text, &p), errors.first().empty() ? source + ": cannot parse" : errors.first());
+  return config_of(p, source, directory_name);
+}
 
-  ModelConfig c;
-  c.name = p.name().empty() ? directory_name : p.name();
-  TORCH_CHECK_VALUE(c.name == directory_name, source, ": name '", p.name(), "' differs from its directory '",
-                    directory_name, "'; a model's name is its directory's name");
-  const std::string backend = !p.backend().empty() ? p.backend() : p.platform();
-  if (backend == "pytorch" || backend == "pytorch_libtorch") return torchscript_config(p, std::move(c), source);
-  TORCH_CHECK_VALUE(backend == "lockstep", source, ": ", p.backend().empty() ? "platform" : "backend", " '", backend,
-                    "' is not served here; set backend: \"lockstep\" (the weights of a lockstep reference model) or ",
-                    "platform: \"pytorch_libtorch\" (a TorchScript model.pt, as Triton's PyTorch backend)");
-  const auto architecture = p.parameters().find("architecture");
-  c.architecture = architecture != p.parameters().end() ? architecture->second.string_value() : c.name;
-  for (const auto& item : p.parameters())
-    TORCH_CHECK_VALUE(item.first == "architecture", source, ": unknown parameter '", item.first,
-                      "'; the one parameter is \"architecture\"");
-  TORCH_CHECK_VALUE(std::count(models::model_names().begin(), models::model_names().end(), c.architecture) == 1,
-                    source, ": '", c.architecture, "' is not a reference model (", c10::Join(", ", models::model_names()),
-                    "); name the model after one, or add parameters { key: \"architecture\" value: { string_value: \"convnet\" } }");
-
-  TORCH_CHECK_VALUE(p.max_batch_size() >= 1, source, ": max_batch_size ", p.max_batch_size(),
-                    " must be at least 1 (the reference models take a batch dimension)");
-  c.max_batch_size = p.max_batch_size();
-  TORCH_CHECK_VALUE(p.input_size() == 1 && p.output_size() == 1, source, ": ", p.input_size(), " input(s) and ",
-                    p.output_size(), " output(s); a reference model has exactly one of each");
-  const TensorSpec& input = c.inputs.at(0) = tensor_spec(p.input(0), "input", source, /*fp32_only=*/true);
-  const TensorSpec& output = c.outputs.at(0) = tensor_spec(p.output(0), "output", source, /*fp32_only=*/true);
-  const std::vector<int64_t> shape = models::input_shape(c.architecture);
-  TORCH_CHECK_VALUE(input.dims == shape, source, ": input '", input.name, "' dims ", dims_text(input.dims),
-                    " do not fit a ", c.architecture, ", which takes ", dims_text(shape), " per sample");
-  TORCH_CHECK_VALUE(output.dims.size() == 1 && output.dims[0] >= 2, source, ": output '", output.name,
-                    "' dims ", dims_text(output.dims), " must be [classes], e.g. [10]");
-  read_scheduling(p, c, source);
-  return c;
+ModelConfig parse_model_config_json(const std::string& json, const std::string& source,
+                                    const std::string& directory_name) {
+  proto::ModelConfig p;
+  const auto status = google::protobuf::util::JsonStringToMessage(json, &p);  // unknown fields refused
+  if (!status.ok()) {
+    // A syntax error's message is three lines: what, the text around it, and a caret under it.
+    const std::string message(status.message());
+    const size_t end = message.find('\n'), next = end == std::string::npos ? end : message.find('\n', end + 1);
+    TORCH_CHECK_VALUE(false, source, ": ", message.substr(0, end),
+                      end == std::string::npos ? "" : " near '" + message.substr(end + 1, next - end - 1) + "'",
+                      " (a model configuration in JSON, as Triton's config endpoint returns it)");
+  }
+  return config_of(p, source, directory_name);
 }
 
 std::vector<int64_t> select_versions(const VersionPolicy& policy, std::vector<int64_t> available) {

@@ -88,12 +88,14 @@ std::unique_ptr<ModelRepository> ModelRepository::single(const ModelConfig& conf
 
 ModelRepository::~ModelRepository() { stop(); }
 
-std::shared_ptr<ServedModel> ModelRepository::read_model(const std::string& name) const {
+std::shared_ptr<ServedModel> ModelRepository::read_model(const std::string& name,
+                                                         const std::optional<std::string>& config_json) const {
   auto m = std::make_shared<ServedModel>();
   m->name = name;
   const fs::path dir = fs::path(directory_) / name;
   try {
-    m->config = read_config(dir);
+    m->config = config_json ? parse_model_config_json(*config_json, "the load's config override", name)
+                            : read_config(dir);
   } catch (const c10::Error& e) {
     m->reason = e.what_without_backtrace();
     return m;
@@ -146,7 +148,7 @@ void ModelRepository::replace(const std::string& name, std::shared_ptr<const Ser
   if (old) old->stop();
 }
 
-void ModelRepository::load_model(const std::string& name) {
+void ModelRepository::load_model(const std::string& name, const std::optional<std::string>& config_json) {
   if (mode() != ModelControlMode::kExplicit)
     throw ModelControlRefused(std::string("this server's model control mode is '") + mode_name(mode()) +
                               "': models load when it starts" +
@@ -156,7 +158,7 @@ void ModelRepository::load_model(const std::string& name) {
                         name != ".." && fs::is_directory(fs::path(directory_) / name),
                     "the model repository has no model directory '", name, "'");
   std::lock_guard<std::mutex> control(control_);
-  std::shared_ptr<ServedModel> fresh = read_model(name);
+  std::shared_ptr<ServedModel> fresh = read_model(name, config_json);
   const std::shared_ptr<const ServedModel> old = find(name);
   TORCH_CHECK(fresh->config || !old || !old->ready, "model '", name, "' was not reloaded, and its loaded version(s) ",
               "serve on: ", fresh->reason);

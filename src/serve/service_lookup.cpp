@@ -108,14 +108,20 @@ std::vector<IndexEntry> repository_index(const ServiceState& state) {
   return index;
 }
 
-void control_model(ServiceState& state, const std::string& name, bool load) {
+void control_model(ServiceState& state, const std::string& name, bool load,
+                   const std::optional<std::string>& config_json) {
   try {
-    load ? state.repository.load_model(name) : state.repository.unload_model(name);
+    load ? state.repository.load_model(name, config_json) : state.repository.unload_model(name);
   } catch (const ModelControlRefused& e) {
     throw HttpError(503, e.what());
   } catch (const c10::Error& e) {
     throw HttpError(400, public_reason(state, e.what_without_backtrace()));
   }
+}
+
+void refuse_control_parameter(const std::string& key) {
+  throw HttpError(400, "parameter '" + key + "' is not supported by this server" +
+                           (key.rfind("file:", 0) == 0 ? "; a load reads the model's files from the repository" : ""));
 }
 
 }  // namespace lockstep::serve

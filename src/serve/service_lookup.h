@@ -7,6 +7,7 @@
 #include <chrono>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,7 +71,11 @@ std::vector<IndexEntry> repository_index(const ServiceState& state);
 
 // A client's load (or unload) of model `name`. Throws HttpError 503 when the repository's mode does
 // not allow it, 400 naming why it failed (an unknown directory, a model that does not load, one not
-// loaded), as Triton answers them.
-void control_model(ServiceState& state, const std::string& name, bool load);
+// loaded), as Triton answers them. `config_json`: a load's config override (ModelRepository::load_model).
+void control_model(ServiceState& state, const std::string& name, bool load,
+                   const std::optional<std::string>& config_json = std::nullopt);
+// Throws HttpError 400 for a load or unload parameter this server does not read (Triton's "file:"
+// overrides, which carry model files in the request, among them).
+[[noreturn]] void refuse_control_parameter(const std::string& key);
 
 }  // namespace lockstep::serve

@@ -4,8 +4,9 @@ tests/serve/server_limits_test.cpp. Each mode prints one JSON object with what i
 each, the server must still answer (ServerLive and a ModelInfer of model 'convnet', 1x1x28x28 FP32).
 
 Usage: grpc_clients.py MODE PORT [N]
-  malformed      ModelInfer messages that are not protobuf, or are protobuf of the wrong shape, and
-                 bytes that are not HTTP/2 on a bare TCP connection: each call's status and time.
+  malformed      ModelInfer messages that are not protobuf, or are protobuf of the wrong shape (and,
+                 beside them, binary_data_size parameters that do and do not fit the raw bytes),
+                 and bytes that are not HTTP/2 on a bare TCP connection: each call's status and time.
   oversized N    one ModelInfer message of N bytes (above the server's limit), then a normal call.
   streams N      N ModelInfer calls started at once on one channel: how each ended, how long the
                  last took, and a ServerLive from a second channel meanwhile.
@@ -56,7 +57,14 @@ def still_serving(port):
 def malformed(port):
     wrong_shape = infer_request()
     wrong_shape.inputs[0].shape[:] = [1, 2**62, 2**62]  # would be 2^125 floats
+    def sized(n):  # binary_data_size beside raw_input_contents, as KServe's client sends it
+        r = infer_request()
+        r.inputs[0].parameters["binary_data_size"].int64_param = n
+        return r.SerializeToString()
+
     cases = {
+        "binary_data_size_right": sized(784 * 4),
+        "binary_data_size_wrong": sized(784 * 4 - 1),
         "truncated_varint": b"\x0a\xff\xff\xff",           # field 1, length that never ends
         "length_past_end": b"\x0a\x7f" + b"c",             # field 1 says 127 bytes, 1 follows
         "wrong_wire_type": b"\x0d\x00\x00\x00\x00",        # field 1 as fixed32, declared a string

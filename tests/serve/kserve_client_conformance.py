@@ -11,17 +11,18 @@ Usage: python kserve_client_conformance.py TARGET MODEL_FILE TOKEN
 Prints one JSON line: {"kserve": VERSION, "protocol": "rest" or "grpc", "checks": {NAME: "ok" or what
 went wrong}}.
 
-Not in the suite yet: its first run (2026-12-02, kserve 0.21.0, `pip install kserve==0.21.0` into
-the venv) found three differences, to be fixed before its gtests and the requirements pin land:
+What its first run (2026-12-02, kserve 0.21.0) found, and what became of it:
 - REST health: InferenceRESTClient.is_server_live/ready parse the body as the KServe v2 spec's
-  {"live": true} / {"ready": true}; lockstep answers 200 with an empty body, as Triton does
-  (JSONDecodeError).
-- REST, 12 infers at once: some JSON bodies reach the server cut short (400 "malformed JSON ...
-  unexpected end of input" at column 268) where each alone is answered; not yet known whether the
-  cut is in lockstep's HTTP reader or in httpx.
+  {"live": true} / {"ready": true}; lockstep answered 200 with an empty body, as Triton does
+  (JSONDecodeError). lockstep now sends those bodies.
 - gRPC raw contents: InferenceGRPCClient's requests carry a binary_data_size parameter on each
-  input beside raw_input_contents, which lockstep's gRPC service refuses (INVALID_ARGUMENT
-  "parameter(s) 'binary_data_size' are not supported").
+  input beside raw_input_contents, which lockstep's gRPC service refused (INVALID_ARGUMENT
+  "parameter(s) 'binary_data_size' are not supported"). It is now read as a check on those bytes.
+- REST JSON bodies "cut short" (400 "malformed JSON ... unexpected end of input" at column 268):
+  not a cut. InferenceRESTClient.infer writes Inference-Header-Content-Length into the headers
+  dict its caller passes, so a dict shared with an earlier binary request makes later JSON
+  requests declare a 268-byte JSON header; lockstep answered them as Triton does. Each call here
+  gets a dict of its own.
 """
 import asyncio
 import json
@@ -82,23 +83,25 @@ async def run(target, module, token):
 
     if rest:
         client = InferenceRESTClient(RESTConfig(protocol="v2", retries=0, timeout=TIMEOUT_S))
-        headers = {"Authorization": "Bearer " + token}
+
+        def headers():  # a new dict a call: see the module's docstring
+            return {"Authorization": "Bearer " + token}
 
         async def health():
             assert await client.is_server_live(target)
             assert await client.is_server_ready(target)
-            assert await client.is_model_ready(target, MODEL, headers=headers)
+            assert await client.is_model_ready(target, MODEL, headers=headers())
 
         async def infer(binary):
             image, features = batch(3)
             response = await client.infer(target, request_of(image, features, binary), model_name=MODEL,
-                                          headers=headers)
+                                          headers=headers())
             check_response(response, image, features)
 
         async def concurrent():
             batches = [batch(1 + k % 3) for k in range(12)]
             responses = await asyncio.gather(*(client.infer(target, request_of(i, f, False), model_name=MODEL,
-                                                            headers=headers) for i, f in batches))
+                                                            headers=headers()) for i, f in batches))
             for r, (i, f) in zip(responses, batches):
                 check_response(r, i, f)
 
@@ -112,7 +115,7 @@ async def run(target, module, token):
                 raise AssertionError("an infer without the token was answered")
 
         async def unknown_model():
-            assert not await client.is_model_ready(target, "no_such_model", headers=headers)
+            assert not await client.is_model_ready(target, "no_such_model", headers=headers())
 
         await check("health", health)
         await check("infer_json", lambda: infer(False))

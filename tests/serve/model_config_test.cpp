@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "../test_util.h"
+#include "lockstep/serve/http_protocol.h"
 
 namespace lockstep {
 namespace {
@@ -47,6 +48,45 @@ TEST(ModelConfig, ReadsEveryFieldOfTheTritonStyleSubset) {
   EXPECT_EQ(c.instance_count, 3);  // 2, and 1 for a group without a count (Triton's default)
   EXPECT_EQ(c.version_policy.kind, serve::VersionPolicyKind::kLatest);
   EXPECT_EQ(c.version_policy.num_versions, 2);
+}
+
+// A load's config override is the JSON the config endpoint returns (a client fetches it, changes a
+// field and loads the model with it): that JSON reads back as the same configuration.
+TEST(ModelConfig, TheConfigEndpointsJsonReadsBackAsTheSameConfig) {
+  const serve::ModelConfig c = serve::parse_model_config(kTritonStyle, "classifier/config.pbtxt", "classifier");
+  const nlohmann::json j = serve::model_config_json(c);
+  const serve::ModelConfig back = serve::parse_model_config_json(j.dump(), "the override", "classifier");
+  EXPECT_EQ(serve::model_config_json(back), j);
+  EXPECT_EQ(back.architecture, "convnet");
+  EXPECT_EQ(back.inputs[0].name, "images");
+  EXPECT_EQ(back.preferred_batch_sizes, (std::vector<int64_t>{8, 16}));
+  EXPECT_EQ(back.instance_count, 3);
+  // protobuf's JSON names (lowerCamelCase) and int64s as strings, as Triton itself writes dims
+  nlohmann::json camel = j;
+  camel["maxBatchSize"] = 16;
+  camel.erase("max_batch_size");
+  camel["input"][0]["dims"] = {"1", "28", "28"};
+  EXPECT_EQ(serve::parse_model_config_json(camel.dump(), "the override", "classifier").max_batch_size, 16);
+}
+
+TEST(ModelConfig, AJsonConfigThatIsNotOneIsRefusedNamingTheField) {
+  const nlohmann::json good = serve::model_config_json(
+      serve::parse_model_config(kTritonStyle, "classifier/config.pbtxt", "classifier"));
+  auto refusal = [](const nlohmann::json& j) {
+    return testing::error_message([&] { serve::parse_model_config_json(j.dump(), "the override", "classifier"); });
+  };
+  nlohmann::json unknown = good;
+  unknown["optimization"] = nlohmann::json::object();  // Triton has it; this server reads no such field
+  EXPECT_THAT(refusal(unknown), HasSubstr("optimization"));
+  EXPECT_THAT(refusal(unknown), HasSubstr("the override: "));
+  nlohmann::json wrong_type = good;
+  wrong_type["max_batch_size"] = "many";
+  EXPECT_THAT(refusal(wrong_type), HasSubstr("max_batch_size"));
+  nlohmann::json other_name = good;
+  other_name["name"] = "b";
+  EXPECT_THAT(refusal(other_name), HasSubstr("name 'b' differs from its directory 'classifier'"));
+  EXPECT_THAT(testing::error_message([] { serve::parse_model_config_json("{\"max_batch_size\": ", "the override", "x"); }),
+              HasSubstr("the override: "));
 }
 
 TEST(ModelConfig, WithoutDynamicBatchingEachRequestRunsAlone) {

@@ -9,12 +9,14 @@
 #include <future>
 #include <iostream>
 
+#include "lockstep/serve/http_protocol.h"
 #include "lockstep/serve/model_repository.h"
 #include "serve_process.h"
 
 namespace lockstep {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
@@ -86,6 +88,26 @@ TEST_F(ModelControl, ABrokenReloadLeavesTheLoadedModelServing) {
               HasSubstr("startup model 'zz' has no directory"));
 }
 
+// A load's config override (Triton's "config" parameter: the configuration as JSON) is used in place
+// of config.pbtxt for that load; the next load without one reads config.pbtxt again; an override
+// that does not parse leaves the loaded model serving, as a broken config.pbtxt does.
+TEST_F(ModelControl, AConfigOverrideLoadsInPlaceOfConfigPbtxtForThatLoad) {
+  add("a", 0, 8);
+  const auto repo = open(serve::ModelControlMode::kExplicit);
+  nlohmann::json override = serve::model_config_json(
+      serve::parse_model_config(testing::convnet_config(8, 0), "config.pbtxt", "a"));
+  override["max_batch_size"] = 2;
+  repo->load_model("a", override.dump());
+  EXPECT_EQ(repo->find("a")->config->max_batch_size, 2);
+  EXPECT_EQ(answer(*repo->find("a")).sizes(), (std::vector<int64_t>{1, 10}));
+  const auto loaded = repo->find("a");
+  EXPECT_THAT(testing::error_message([&] { repo->load_model("a", R"({"max_batch_size": "two"})"); }),
+              AllOf(HasSubstr("serve on"), HasSubstr("the load's config override"), HasSubstr("max_batch_size")));
+  EXPECT_EQ(repo->find("a"), loaded);
+  repo->load_model("a");
+  EXPECT_EQ(repo->find("a")->config->max_batch_size, 8);
+}
+
 // Poll mode: a rescan loads a model added to the repository, reloads one whose files changed,
 // unloads one removed, and leaves alone one whose config broke and one unchanged.
 TEST_F(ModelControl, PollRescansLoadAddedChangedAndRemovedModels) {
@@ -133,7 +155,7 @@ TEST_F(ModelControl, TritonsClientsLoadAndUnloadOverHttpAndGrpc) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto report = nlohmann::json::parse(testing::last_json_line(r.output));
   std::cout << "[ measured ] unload amid 200 calls: " << report["unload_under_load"].dump() << "\n";
-  EXPECT_EQ(report["checks"].size(), 5u);
+  EXPECT_EQ(report["checks"].size(), 7u);
   for (const auto& [name, outcome] : report["checks"].items()) EXPECT_EQ(outcome, "ok") << name;
 }
 

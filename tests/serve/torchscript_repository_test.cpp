@@ -143,8 +143,8 @@ class TorchScriptRepository : public ::testing::Test {
     repo_ = dir_ / "models";
   }
 
-  // The two_input model behind a bearer token, driven by tests/serve/SCRIPT (a tritonclient
-  // conformance script) at the server's gRPC target or HTTP URL: the report the script prints.
+  // The two_input model behind a bearer token, driven by tests/serve/SCRIPT (a tritonclient or
+  // KServe client conformance script) at the server's gRPC target or HTTP URL: the report the script prints.
   nlohmann::json conformance(const std::string& script, bool grpc) {
     const std::string token = "a-token-of-the-test-0123456789";
     std::ofstream(dir_ / "token") << token << "\n";
@@ -162,6 +162,18 @@ class TorchScriptRepository : public ::testing::Test {
                                         (dir_ / "two_input.pt") + " " + token + " 2>&1");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return nlohmann::json::parse(testing::last_json_line(r.output), nullptr, /*allow_exceptions=*/false);
+  }
+
+  void expect_kserve_client_works(bool grpc) {
+    if (testing::run_command(std::string(LOCKSTEP_PYTHON) + " -c 'import kserve'").exit_code != 0)
+      GTEST_SKIP() << "kserve is not installed in the venv (scripts/bootstrap --test)";
+    const nlohmann::json report = conformance("kserve_client_conformance.py", grpc);
+    ASSERT_TRUE(report.contains("checks")) << report;
+    std::cout << "[ measured ] kserve " << report["kserve"].get<std::string>() << (grpc ? " gRPC, " : " REST, ")
+              << report["checks"].size() << " checks\n";
+    EXPECT_EQ(report["protocol"], grpc ? "grpc" : "rest");
+    EXPECT_EQ(report["checks"].size(), 6u);
+    for (const auto& [name, outcome] : report["checks"].items()) EXPECT_EQ(outcome, "ok") << name;
   }
 
   testing::TempDir dir_;
@@ -369,6 +381,15 @@ TEST_F(TorchScriptRepository, TritonsGrpcClientWorksThroughItsApi) {
   EXPECT_EQ(report["checks"].size(), 12u);
   for (const auto& [name, outcome] : report["checks"].items()) EXPECT_EQ(outcome, "ok") << name;
 }
+
+// KServe's own SDK clients (tests/serve/kserve_client_conformance.py), which differ from
+// tritonclient: health answered as the v2 spec's JSON bodies, infer in JSON, in binary and 12 at
+// once, a missing token and an unknown model refused; each answer equals the module's own in
+// Python. Before: is_server_live failed parsing an empty body (REST), and every infer with raw
+// contents was refused for its binary_data_size parameter (gRPC).
+TEST_F(TorchScriptRepository, KServesOwnRestClientWorks) { expect_kserve_client_works(/*grpc=*/false); }
+
+TEST_F(TorchScriptRepository, KServesOwnGrpcClientWorks) { expect_kserve_client_works(/*grpc=*/true); }
 
 }  // namespace
 }  // namespace lockstep

@@ -71,11 +71,27 @@ def main():
             refused(lambda: client.unload_model("b"), "is not loaded")
         return run
 
+    def config_override(client, module):
+        def run():  # a's configuration as the server reports it, for model b with a smaller batch
+            override = dict(http.get_model_config("a"), name="b", max_batch_size=2)
+            client.load_model("b", config=json.dumps(override))
+            assert http.get_model_config("b")["max_batch_size"] == 2
+            three = module.InferInput("input", [3, 1, 28, 28], "FP32")
+            three.set_data_from_numpy(np.zeros((3, 1, 28, 28), dtype=np.float32))
+            refused(lambda: client.infer("b", [three]), "at most 2 samples")
+            assert client.infer("b", inputs(module)).as_numpy("logits").shape == (1, 10)
+            client.load_model("b")  # without an override: config.pbtxt's again
+            assert http.get_model_config("b")["max_batch_size"] == 64
+            client.unload_model("b")
+        return run
+
     def failures():
         for client in (http, grpc):
             refused(lambda: client.load_model("no_such_model"), "no model directory 'no_such_model'")
             refused(lambda: client.load_model("broken"), "failed to load")
-            refused(lambda: client.load_model("a", config='{"max_batch_size": 2}'), "config")
+            refused(lambda: client.load_model("a", config='{"max_batch_size": "two"}'), "config override")
+            refused(lambda: client.load_model("a", config='{"max_batch_size": 2}', files={"file:1/model.pt": b"x"}),
+                    "a load reads the model's files from the repository")
             assert client.is_model_ready("a")  # the others keep serving
             client.infer("a", inputs(httpclient if client is http else grpcclient))
 
@@ -101,6 +117,8 @@ def main():
     check("startup", startup)
     check("load_and_unload_http", load_and_unload(http, httpclient))
     check("load_and_unload_grpc", load_and_unload(grpc, grpcclient))
+    check("config_override_http", config_override(http, httpclient))
+    check("config_override_grpc", config_override(grpc, grpcclient))
     check("failures", failures)
     check("unload_under_load", unload_under_load)
     http.close()

@@ -68,6 +68,10 @@ ModelConfig default_model_config(const std::string& architecture, int64_t instan
 // field; or naming the field and value that does not fit the reference model. A TorchScript model's
 // inputs and outputs are checked against its module when it loads (serve/model_repository.h).
 ModelConfig parse_model_config(const std::string& text, const std::string& source, const std::string& directory_name);
+// The same configuration in protobuf's JSON mapping, as Triton's config endpoint returns it and a
+// load request's "config" override carries it (field names as in config.pbtxt, or lowerCamelCase).
+ModelConfig parse_model_config_json(const std::string& json, const std::string& source,
+                                    const std::string& directory_name);
 
 // The shape a tensor of `spec` has in a request of `samples` samples: (samples, dims...), or dims
 // alone with max_batch_size 0; -1 for `samples` gives the shape metadata shows.

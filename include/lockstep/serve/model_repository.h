@@ -133,8 +133,10 @@ class ModelRepository {
   // kExplicit only (otherwise throws ModelControlRefused): loads, or reloads, model `name` from its
   // directory; throws c10::ValueError when the repository has no such directory, c10::Error with the
   // reason when it fails to load (the model is then listed not ready with it, unless its config did
-  // not parse and an older load still serves).
-  void load_model(const std::string& name);
+  // not parse and an older load still serves). A `config_json` override (Triton's load "config"
+  // parameter, the configuration in JSON) is used in place of config.pbtxt for this load only; the
+  // version directories are the repository's.
+  void load_model(const std::string& name, const std::optional<std::string>& config_json = std::nullopt);
   // kExplicit only: unloads `name` (throws c10::ValueError when no such model is loaded).
   void unload_model(const std::string& name);
   // kPoll: one rescan now (the poll thread's own step; for tests). Returns the names it (re)loaded
@@ -146,7 +148,8 @@ class ModelRepository {
 
  private:
   explicit ModelRepository(RepositoryOptions options) : options_(std::move(options)) {}
-  std::shared_ptr<ServedModel> read_model(const std::string& name) const;
+  std::shared_ptr<ServedModel> read_model(const std::string& name,
+                                         const std::optional<std::string>& config_json = std::nullopt) const;
   void replace(const std::string& name, std::shared_ptr<const ServedModel> model);
   void report(const std::string& name, const ServedModel* model) const;  // nullptr: gone
   void poll_loop();
