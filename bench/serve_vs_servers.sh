@@ -7,19 +7,22 @@
 #   torchserve TorchServe 0.12, the file in a .mar with BaseHandler (bench/torchserve_handler.py adds
 #              the raw-tensor preprocess), one worker, batchSize 32, maxBatchDelay 1 ms (with 0 every batch-1
 #              request took 107 ms at concurrency 1)
-# Load: batch-1 requests at concurrency 1, 8 and 32; HTTP with the binary tensor (Debian's `hey`:
-# KServe v2 binary for lockstep and Triton, the same 3136 float32 bytes to /predictions/convnet for
-# TorchServe) and gRPC (bench/grpc_load.cpp, KServe v2 ModelInfer with raw input contents, for
-# lockstep and Triton; TorchServe's gRPC is its own service, not KServe v2's). Triton's perf_analyzer
-# is not on the PyPI these machines reach (docs/serving.md). Each round starts every server alone in
+# Load: batch-1 requests at concurrency 1, 8 and 32, over HTTP with the binary tensor and over gRPC
+# (ModelInfer with raw input contents). LOAD=perf_analyzer (the default): Triton's own perf_analyzer
+# 2.51 (requirements-perf-analyzer.txt) for lockstep and Triton, 4 s windows until three agree within
+# 10%; LOAD=ours: Debian's `hey` (KServe v2 binary) and bench/grpc_load.cpp, REQUESTS per run.
+# TorchServe speaks neither protocol (its gRPC is its own service): `hey` sends it the same 3136
+# float32 bytes to /predictions/convnet under either LOAD. Each round starts every server alone in
 # turn (a different one first each round), runs every concurrency and protocol on it and stops it;
 # medians over the rounds of requests/s, p50/p99 (ms) and failures, and the server's resident memory (the whole process tree: Triton's stub and PyTriton's
 # Python process, TorchServe's Java front end and its worker) after the round.
-# Usage: [ROUNDS=3] bench/serve_vs_servers.sh [REQUESTS=4000] [THREADS=1]
+# Usage: [ROUNDS=3] [LOAD=perf_analyzer|ours] bench/serve_vs_servers.sh [REQUESTS=4000] [THREADS=1]
 #        (after make build, scripts/bootstrap --test and bench/peers_env.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-requests=${1:-4000}; threads=${2:-1}; rounds=${ROUNDS:-3}
+requests=${1:-4000}; threads=${2:-1}; rounds=${ROUNDS:-3}; load=${LOAD:-perf_analyzer}
+pa_dir=$PWD/.venv/perf-analyzer
+[[ $load == ours || -x $pa_dir/bin/perf_analyzer ]] || { echo "no $pa_dir/bin/perf_analyzer: run scripts/bootstrap --test, or LOAD=ours" >&2; exit 1; }
 cli=${LOCKSTEP:-build/lockstep}
 python=$PWD/.venv/bin/python
 peers=$PWD/.venv-peers/bin
@@ -156,6 +159,15 @@ url() {  # SERVER -> the HTTP infer URL
 }
 drive() {  # SERVER PROTOCOL CONCURRENCY N -> "requests/s p50_ms p99_ms failed"
   local out
+  if [[ $load == perf_analyzer && $1 != torchserve ]]; then  # it stops at a failed request: none failed
+    local port=${http[$1]}; [[ $2 == grpc ]] && port=${grpc[$1]}
+    rm -f "$work/pa.csv"
+    LD_LIBRARY_PATH=$pa_dir/nvidia/cuda_runtime/lib "$pa_dir/bin/perf_analyzer" -m convnet -u "127.0.0.1:$port" \
+      -i "$2" --concurrency-range "$3" --measurement-interval 4000 -f "$work/pa.csv" >"$work/pa.out" 2>&1 ||
+      { echo "perf_analyzer failed against $1 over $2:" >&2; tail -20 "$work/pa.out" >&2; exit 1; }
+    awk -F, 'NR == 2 { printf "%.1f %.2f %.2f 0\n", $2, $10 / 1000, $13 / 1000 }' "$work/pa.csv"
+    return
+  fi
   if [[ $2 == grpc ]]; then
     "$work/grpc_load" "127.0.0.1:${grpc[$1]}" convnet input "$4" "$3" |
       $python -c 'import json,sys; r=json.load(sys.stdin); print(r["rps"], r["p50_ms"], r["p99_ms"], r["failed"])'
@@ -193,13 +205,17 @@ echo "every server answered lockstep's logits (1e-5) over each protocol it was d
 median() {  # of the numbers on stdin; nothing for none
   sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
-echo "convnet (TorchScript), batch-1 requests, $requests per run, $threads intra-op thread(s)," \
+per_run="$requests requests per run"
+[[ $load == perf_analyzer ]] && per_run="perf_analyzer's 4 s windows (TorchServe: $requests requests per run)"
+echo "convnet (TorchScript), batch-1 requests, $per_run, $threads intra-op thread(s)," \
   "$rounds rounds (medians),"
-bench/machine.sh "ROUNDS=$rounds bench/serve_vs_servers.sh $requests $threads"
+bench/machine.sh "ROUNDS=$rounds LOAD=$load bench/serve_vs_servers.sh $requests $threads"
 echo "tritonserver $(awk '$2 == "server_version" { print $4; exit }' "$work/triton.log") (nvidia-pytriton" \
   "$($peers/python -c 'import importlib.metadata as m; print(m.version("nvidia-pytriton"))')), torchserve" \
   "$($peers/python -c 'import importlib.metadata as m; print(m.version("torchserve"))'), torch" \
-  "$($python -c 'import torch; print(torch.__version__)'), hey (Debian), grpc_load (bench/)"
+  "$($python -c 'import torch; print(torch.__version__)'), load: $( [[ $load == perf_analyzer ]] &&
+  LD_LIBRARY_PATH=$pa_dir/nvidia/cuda_runtime/lib "$pa_dir/bin/perf_analyzer" --version | head -1 ||
+  echo "grpc_load (bench/)"), hey (Debian) for TorchServe$( [[ $load == ours ]] && echo " and HTTP")"
 echo
 echo '| concurrency | protocol | server | requests/s | p50 (ms) | p99 (ms) | failed | RSS (MB) | lockstep vs it |'
 echo '|---|---|---|---|---|---|---|---|---|'

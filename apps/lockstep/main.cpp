@@ -43,6 +43,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);  // prints help, or the error with a hint
     return code == 0 ? 0 : kUsageError;
+  } catch (const c10::ValueError& e) {  // a value an option's own parser refused (--nnodes 2:x)
+    std::cerr << "lockstep: error: " << e.what_without_backtrace() << "\n";
+    return kUsageError;
   }
   const CLI::App* parsed = &app;
   Wording wording;

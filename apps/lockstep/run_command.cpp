@@ -7,6 +7,9 @@
 
 #include "commands.h"
 #include "config_files.h"
+#include "lockstep/core/device.h"
+#include "lockstep/core/process.h"
+#include "lockstep/launch/launch_settings.h"
 #include "lockstep/launch/launcher.h"
 
 namespace lockstep::cli {
@@ -17,7 +20,15 @@ Command add_run_command(CLI::App& app, const std::optional<std::vector<std::stri
   cmd->option_defaults()->always_capture_default();
   auto o = std::make_shared<launch::LaunchOptions>();
 
-  cmd->add_option("--nproc-per-node", o->nproc_per_node(), "Workers to start on this node");
+  cmd->add_option_function<std::string>(
+         "--nproc-per-node",
+         [o](const std::string& text) {
+           o->nproc_per_node(launch::nproc_per_node_from(text, "--nproc-per-node", VisibleDevices::probe(),
+                                                         available_cores()));
+         },
+         "Workers to start on this node: a number, gpu (one per visible CUDA device), cpu (one per core), or "
+         "auto (gpu when a device is visible, else cpu)")
+      ->default_str("1");
   cmd->add_option_function<std::string>(
          "--nnodes", [o](const std::string& text) { o->parse_nnodes(text); },
          "Nodes in the job (run this command on each), or MIN:MAX for an elastic job that goes on while at "

@@ -60,13 +60,11 @@ void read_nnodes(const EnvReader& r, const std::string& text, LaunchSettings& s)
   if (min < max) s.min_nodes = min;
 }
 
-// PET_NPROC_PER_NODE: a count, or torchrun's "auto"/"cpu" (the cores here, as torchrun does
-// without GPUs); the operator writes "auto" when spec.nprocPerNode is unset.
+// PET_NPROC_PER_NODE: a count, or torchrun's gpu, cpu or auto (nproc_per_node_from); the operator
+// writes "auto" when spec.nprocPerNode is unset.
 int64_t read_nproc(const EnvReader& r, const std::string& text) {
-  if (text == "auto" || text == "cpu") return available_cores();
-  TORCH_CHECK_VALUE(text != "gpu" && text != "cuda" && text != "xpu", "PET_NPROC_PER_NODE=", text,
-                    " asks for one process per GPU, but this lockstep runs on CPU; give a number "
-                    "(spec.nprocPerNode: \"2\")");
+  if (text == "gpu" || text == "cuda" || text == "cpu" || text == "auto")
+    return nproc_per_node_from(text, "PET_NPROC_PER_NODE", VisibleDevices::probe(), available_cores());
   return r.integer("PET_NPROC_PER_NODE", text, 1, 1 << 16);
 }
 

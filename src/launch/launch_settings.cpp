@@ -45,4 +45,17 @@ void LaunchOptions::parse_nnodes(const std::string& text) {
   nnodes_ = number(colon == std::string::npos ? text : text.substr(colon + 1));
 }
 
+int64_t nproc_per_node_from(const std::string& text, const std::string& what, const VisibleDevices& visible,
+                            int64_t cores) {
+  if (text == "cpu" || (text == "auto" && visible.cuda == 0)) return cores;
+  if (text == "gpu" || text == "cuda" || text == "auto") {
+    TORCH_CHECK_VALUE(visible.cuda > 0, what, " ", text, " starts one worker per CUDA device, but this host has ",
+                      visible.describe(), "; give a number, or cpu for one per core (", cores, ")");
+    return visible.cuda;
+  }
+  const c10::optional<int64_t> n = parse_integer(text);
+  TORCH_CHECK_VALUE(n, what, " '", text, "' is not a number of workers, nor gpu, cpu or auto");
+  return *n;  // bounded by LaunchOptions::validate
+}
+
 }  // namespace lockstep::launch

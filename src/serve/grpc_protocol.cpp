@@ -107,7 +107,18 @@ void write_duration(const Duration& d, inference::StatisticDuration& out) {
 InferRequest parse_grpc_infer_request(const inference::ModelInferRequest& m, const ModelConfig& config) {
   InferRequest request;
   request.id = m.id();
-  refuse_parameters(m.parameters(), "the request's");
+  // Triton's clients (perf_analyzer's among them) set triton_enable_empty_final_response on every
+  // call: it asks a decoupled model's stream for a last empty response, which a unary call to a
+  // model that answers once never has, so it changes nothing here, as in Triton.
+  auto parameters = m.parameters();
+  const auto empty_final = parameters.find("triton_enable_empty_final_response");
+  if (empty_final != parameters.end()) {
+    if (!empty_final->second.has_bool_param())
+      bad_request("the request's parameter 'triton_enable_empty_final_response' is a bool_param, got " +
+                  empty_final->second.ShortDebugString());
+    parameters.erase(empty_final);
+  }
+  refuse_parameters(parameters, "the request's");
   if (m.inputs().empty())
     bad_request("the request has no inputs; model '" + config.name + "' takes " + names_text(config.inputs));
   if (static_cast<size_t>(m.inputs_size()) > config.inputs.size())

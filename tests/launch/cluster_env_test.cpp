@@ -60,10 +60,15 @@ TEST(ClusterEnv, PyTorchJobPodsGiveNodesRanksAndTheMaster) {
 }
 
 // The operator writes nprocPerNode "auto" when the job leaves it unset; torchrun then starts one
-// process per core on a host without GPUs, and so does lockstep run.
-TEST(ClusterEnv, NprocAutoIsOneProcessPerCore) {
-  EXPECT_EQ(from(pytorchjob_pod(1, "auto")).nproc_per_node, available_cores());
-  EXPECT_THAT(error_of(pytorchjob_pod(1, "gpu")), HasSubstr("PET_NPROC_PER_NODE=gpu asks for one process per GPU"));
+// process per visible GPU, or per core on a host without, and so does lockstep run.
+TEST(ClusterEnv, NprocAutoIsOneProcessPerGpuOrCore) {
+  const VisibleDevices here = VisibleDevices::probe();
+  EXPECT_EQ(from(pytorchjob_pod(1, "auto")).nproc_per_node, here.cuda > 0 ? here.cuda : available_cores());
+  if (here.cuda == 0)
+    EXPECT_THAT(error_of(pytorchjob_pod(1, "gpu")),
+                HasSubstr("PET_NPROC_PER_NODE gpu starts one worker per CUDA device, but this host has no CUDA"));
+  else
+    EXPECT_EQ(from(pytorchjob_pod(1, "gpu")).nproc_per_node, here.cuda);
   EXPECT_THAT(error_of(pytorchjob_pod(1, "two")), HasSubstr("PET_NPROC_PER_NODE='two' is not an integer"));
 }
 

@@ -357,6 +357,9 @@ TEST(Launcher, RejectsBadCommandLinesNamingTheValue) {
   Launch r = launch(dir, {"run", "--nproc-per-node", "0", "--", "true"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("--nproc-per-node must be at least 1, got 0"));
+  r = launch(dir, {"run", "--nproc-per-node", "2x", "--", "true"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("lockstep: error: --nproc-per-node '2x' is not a number of workers, nor gpu, cpu"));
   r = launch(dir, {"run", "--nnodes", "2", "--node-rank", "2", "--", "true"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("--node-rank 2 is outside [0, 2)"));

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "lockstep/core/device.h"
 #include "lockstep/launch/launcher.h"
 
 namespace lockstep::launch {
@@ -45,5 +46,12 @@ struct LaunchSettings {
 // The integer `text` spells, all of it ("12"; not "12x", "", or one past int64's range), else
 // nullopt: for values read from variables and config files.
 c10::optional<int64_t> parse_integer(const std::string& text);
+
+// Workers per node as torchrun spells them: a count (LaunchOptions::validate bounds it), "gpu"
+// (one per visible CUDA device; refused when none is), "cpu" (one per core), or "auto" (gpu when
+// a device is visible, else cpu). `what` names where `text` came from in the message ("--nproc-per-node",
+// "PET_NPROC_PER_NODE"). See Note [The rank's device].
+int64_t nproc_per_node_from(const std::string& text, const std::string& what, const VisibleDevices& visible,
+                            int64_t cores);
 
 }  // namespace lockstep::launch
